@@ -1,0 +1,8 @@
+"""minipar: a compact 4D-parallel (tensor, context, pipeline, data) trainer for a Llama-style
+model, in plain PyTorch, that runs as N gloo processes on a laptop and as N GPUs under torchrun.
+"""
+from .config import ConfigError, ModelConfig, ParallelConfig
+from .grid import ProcessGrid
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "ModelConfig", "ParallelConfig", "ProcessGrid"]

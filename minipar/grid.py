@@ -1,0 +1,141 @@
+"""The layout of ranks: which process holds which piece of the model.
+
+A rank's coordinates are (dp, pp, cp, tp). TP varies fastest, then CP, then PP, then DP:
+Llama 3's order [TP, CP, PP, DP], innermost first. The innermost axis communicates the most,
+so its ranks are neighbours (the same 8-GPU NVLink server); DP, which communicates least and
+can overlap with compute, spans the whole cluster.
+
+`ProcessGrid` is the only object that knows this layout. Everything else asks it: "which
+group do I reduce gradients over?", "who is my next pipeline stage?".
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+AXES = ("tp", "cp", "pp", "dp")   # innermost first
+
+
+@dataclass
+class Axis:
+    """One parallel axis as seen from one rank: its peers, its position, its process group."""
+
+    name: str
+    ranks: tuple[int, ...]        # global ranks in this group, in axis order
+    rank: int                     # this rank's index inside the group
+    group: object = None          # torch ProcessGroup (None: the default, whole world)
+    log_as: str = ""              # the name CommLog files its traffic under (default: name)
+
+    def __post_init__(self):
+        self.log_as = self.log_as or self.name
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def global_rank(self, index: int) -> int:
+        """The global rank of the peer at position `index` (mod size) of this axis."""
+        return self.ranks[index % self.size]
+
+
+class ProcessGrid:
+    """rank <-> (dp, pp, cp, tp) coordinates and one process group per axis.
+
+    Pure until `init_groups()` is called: `coords`, `rank_of` and `describe` work without any
+    process, so the book can draw a 16 000-GPU layout on a laptop.
+    """
+
+    def __init__(self, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, rank: int = 0):
+        self.sizes = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+        self.world_size = tp * cp * pp * dp
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        self.rank = rank
+        self.axes: dict[str, Axis] = {}
+        for name in (*AXES, "dp_cp"):
+            ranks = self.group_ranks(name, rank)
+            # gradients reduced over dp x cp are data-parallel traffic: logged as "dp"
+            self.axes[name] = Axis(name, ranks, ranks.index(rank), log_as="dp" if name == "dp_cp" else "")
+        # the whole world, for the few scalars every rank must agree on (loss, grad norm)
+        self.axes["world"] = Axis("world", tuple(range(self.world_size)), rank)
+
+    # -- pure layout -------------------------------------------------------------------
+    def coords(self, rank: int) -> dict[str, int]:
+        """Coordinates of `rank`: peel off TP (fastest), then CP, PP, DP."""
+        out = {}
+        for a in AXES:
+            out[a] = rank % self.sizes[a]
+            rank //= self.sizes[a]
+        return out
+
+    def rank_of(self, tp: int = 0, cp: int = 0, pp: int = 0, dp: int = 0) -> int:
+        c = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+        r = 0
+        for a in reversed(AXES):
+            r = r * self.sizes[a] + c[a]
+        return r
+
+    def group_ranks(self, name: str, rank: int) -> tuple[int, ...]:
+        """Ranks sharing every coordinate with `rank` except those of axis `name`.
+
+        `dp_cp` is the group gradients are reduced over: CP ranks hold the same weights and
+        see different tokens, exactly like DP ranks.
+        """
+        free = ("dp", "cp") if name == "dp_cp" else (name,)
+        c = self.coords(rank)
+        members = []
+        # iterate DP outermost so that the group is listed in (dp, cp) order
+        for vals in itertools.product(*(range(self.sizes[a]) for a in reversed(free))):
+            cc = dict(c, **dict(zip(reversed(free), vals)))
+            members.append(self.rank_of(**cc))
+        return tuple(sorted(members))
+
+    def all_groups(self, name: str) -> list[tuple[int, ...]]:
+        """Every group of axis `name`, each once, ordered by its lowest rank."""
+        return sorted({self.group_ranks(name, r) for r in range(self.world_size)})
+
+    def describe(self) -> str:
+        """Which ranks share each group, as a table a reader can check against a figure."""
+        s = self.sizes
+        lines = [f"world of {self.world_size} ranks: tp={s['tp']} cp={s['cp']} pp={s['pp']} dp={s['dp']}"
+                 " (order [TP, CP, PP, DP], TP innermost)"]
+        for name in (*AXES, "dp_cp"):
+            groups = self.all_groups(name)
+            shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:8])
+            more = f" ... ({len(groups)} groups)" if len(groups) > 8 else ""
+            lines.append(f"  {name:5s} groups of {len(groups[0])}: {shown}{more}")
+        return "\n".join(lines)
+
+    # -- this rank ---------------------------------------------------------------------
+    def __getattr__(self, name):
+        # grid.tp, grid.cp, grid.pp, grid.dp, grid.dp_cp, grid.world -> Axis
+        axes = self.__dict__.get("axes", {})
+        if name in axes:
+            return axes[name]
+        raise AttributeError(name)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp.rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp.rank == self.pp.size - 1
+
+    def init_groups(self, backend: str | None = None) -> "ProcessGrid":
+        """Create one process group per axis. Collective: every rank calls it, in the same order.
+
+        `new_group` must be called by all ranks for every group, even those they are not in.
+        """
+        for name in (*AXES, "dp_cp"):
+            for ranks in self.all_groups(name):
+                g = dist.new_group(list(ranks), backend=backend)
+                if self.rank in ranks:
+                    self.axes[name].group = g
+        return self
+
+    def __repr__(self) -> str:
+        c = self.coords(self.rank)
+        return f"ProcessGrid(rank={self.rank}, " + ", ".join(f"{a}={c[a]}/{self.sizes[a]}" for a in AXES) + ")"

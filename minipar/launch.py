@@ -1,0 +1,148 @@
+"""Run one function on N ranks: forked local processes over gloo, or an existing torchrun world.
+
+Locally, workers are *forked* from a parent that has already imported torch: 8 ranks start
+in about a second, where spawning fresh interpreters costs 25-40 s on two cores (each
+re-imports torch). That is what lets a notebook cell run real multi-process training.
+
+A rank that dies ends the whole job with an error that names it; a rank stuck in a collective
+whose peer is gone fails within the collective timeout. Nothing hangs silently.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or died; `.rank` is the first rank that failed."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(message)
+        self.rank = rank
+
+
+def in_torchrun() -> bool:
+    """True when torchrun (or Slurm via torchrun) has already made this process a rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def free_port() -> int:
+    """A port the OS says is free now, so that concurrent runs do not collide."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank, world_size, backend, timeout_s, init_method):
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, results):
+    # A forked child inherits the parent's OpenMP state; with more than one thread it can
+    # hang on it. Two cores shared by N ranks want one thread each anyway.
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        _init(rank, world_size, backend, timeout_s, f"tcp://127.0.0.1:{port}")
+        # plain pickle: a tensor sent through the queue as-is would be shared memory that
+        # vanishes when this process exits, before the parent reads it
+        results.put((rank, "ok", pickle.dumps(fn(*args, **kwargs))))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        results.close()
+        results.join_thread()   # flush the report before the hard exit
+        os._exit(1)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
+              start_method: str | None = None, **kwargs) -> list:
+    """Run `fn(*args, **kwargs)` on `world_size` fresh local ranks; return results by rank.
+
+    Raises `RankFailed` naming the first rank that raised or exited, after stopping the
+    others.
+    """
+    backend = backend or default_backend()
+    # CUDA cannot be used in a forked child once the parent touched it: spawn for NCCL.
+    method = start_method or ("spawn" if backend == "nccl" else "fork")
+    ctx = mp.get_context(method)
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(r, world_size, backend, timeout_s, port, fn, args, kwargs, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    return _collect(procs, results, world_size)
+
+
+def _collect(procs, results, world_size):
+    done: dict[int, object] = {}
+    try:
+        while len(done) < world_size:
+            try:
+                rank, status, payload = results.get(timeout=0.05)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in done and p.exitcode is not None and not _pending(results):
+                        raise RankFailed(r, f"rank {r} died (exit code {p.exitcode}) "
+                                            "before returning a result")
+                continue
+            if status == "error":
+                raise RankFailed(rank, f"rank {rank} failed: {payload}")
+            done[rank] = pickle.loads(payload)
+    finally:
+        for p in procs:
+            if p.is_alive() and len(done) < world_size:
+                p.kill()
+        for p in procs:
+            p.join(timeout=10)
+    return [done[r] for r in range(world_size)]
+
+
+def _pending(q) -> bool:
+    # a rank may have put its result and exited before we read the queue
+    try:
+        return not q.empty()
+    except (OSError, ValueError):
+        return False
+
+
+def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
+        **kwargs) -> list:
+    """Run `fn` on `world_size` ranks, wherever we are.
+
+    Inside torchrun this process is already one rank of the world: join it and return a list
+    holding only this rank's result. Otherwise fork `world_size` local ranks.
+    """
+    if not in_torchrun():
+        return run_local(fn, world_size, *args, backend=backend, timeout_s=timeout_s, **kwargs)
+    ws = int(os.environ["WORLD_SIZE"])
+    if ws != world_size:
+        raise RuntimeError(f"torchrun started {ws} processes but the layout needs {world_size}")
+    if not dist.is_initialized():
+        _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s, "env://")
+    try:
+        return [fn(*args, **kwargs)]
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,194 @@
+"""The single-device reference: a Llama-style decoder in one screen of PyTorch.
+
+Every parallel layout in minipar is proved against this model. Module names are Hugging
+Face's (`embed_tokens`, `layers.3.self_attn.q_proj`, ...) so that a Llama checkpoint loads
+with a prefix and nothing else, and a pipeline stage is just this class holding fewer layers.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32 (as Hugging Face does) so bf16 runs keep the same statistics
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
+    """cos and sin of the rotary angles for each position: [s, head_dim] each.
+
+    Positions are explicit so that context parallelism can hand a rank the positions of the
+    chunks it holds, which are not contiguous.
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (i, i + d/2) of each head by its position's angle. x: [b, s, heads, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :].to(x.dtype) + rotated * sin[:, None, :].to(x.dtype)
+
+
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(d) + causal mask) v for q [b, s, hq, d] and k, v [b, s, hkv, d].
+
+    Grouped-query attention: each group of hq/hkv query heads shares one K/V head. Context
+    parallelism replaces this function on each layer (`Attention.core`) and nothing else.
+    """
+    rep = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), is_causal=True)
+    return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hd = cfg.head_dim
+        self.head_dim = hd
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        self.core = causal_attention
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds only its share of the heads
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj(self.core(q, k, v).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """tokens [b, s] -> logits [b, s, vocab].
+
+    `layers` is a ModuleDict keyed by the global layer index, so a pipeline stage built with
+    `layer_ids=range(4, 8)` names its weights exactly as the full model does. The first stage
+    alone has `embed_tokens`, the last alone `norm` and `lm_head`; a middle stage takes and
+    returns hidden states.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_ids=None, first: bool = True, last: bool = True,
+                 seed: int | None = 0):
+        super().__init__()
+        self.cfg = cfg
+        layer_ids = range(cfg.n_layers) if layer_ids is None else layer_ids
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim) if first else None
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in layer_ids})
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps) if last else None
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if last else None
+        if cfg.tie_embeddings and first and last:
+            self.lm_head.weight = self.embed_tokens.weight
+        if seed is not None:
+            init_weights(self, seed)
+
+    def forward(self, x, positions=None):
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        if positions is None:
+            positions = torch.arange(h.shape[1], device=h.device)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = cos.to(h.device), sin.to(h.device)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.lm_head is None:
+            return h
+        return self.lm_head(self.norm(h))
+
+    # -- Hugging Face names ----------------------------------------------------------------
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """This model's weights under Hugging Face `LlamaForCausalLM` names."""
+        return {hf_name(k): v for k, v in self.state_dict().items()}
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True):
+        """Load a Hugging Face Llama state dict (only the layers this model holds)."""
+        ours = {our_name(k): v for k, v in sd.items()}
+        ours = {k: v for k, v in ours.items() if k in self.state_dict()}
+        if self.cfg.tie_embeddings and "lm_head.weight" not in ours and "embed_tokens.weight" in ours:
+            ours["lm_head.weight"] = ours["embed_tokens.weight"]
+        return self.load_state_dict(ours, strict=strict)
+
+
+def hf_name(name: str) -> str:
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def our_name(name: str) -> str:
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A seed per parameter name: weights do not depend on which rank builds which layers."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_weights(model: Transformer, seed: int, std: float = 0.02):
+    """Seeded, layout-independent init: N(0, std), residual outputs scaled by 1/sqrt(2L)
+    (GPT-2's rule, so the residual stream's variance does not grow with depth), norms 1."""
+    out_std = std / math.sqrt(2 * model.cfg.n_layers)
+    for name, p in model.named_parameters():
+        if name.endswith("layernorm.weight") or name == "norm.weight":
+            p.fill_(1.0)
+            continue
+        # a tied head on the last pipeline stage starts as a copy of the first stage's embedding
+        key = "embed_tokens.weight" if name == "lm_head.weight" and model.cfg.tie_embeddings else name
+        g = torch.Generator().manual_seed(param_seed(seed, key))
+        s = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * s)
+
+
+def cross_entropy_sum(logits, targets):
+    """Sum (not mean) of token losses: the caller divides by the global token count, so that
+    every layout, however it splits the batch, computes the same average."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           reduction="sum")
