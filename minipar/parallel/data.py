@@ -127,7 +127,10 @@ class DataParallel:
             units = [u for u in (units or modules) if any(True for _ in u.parameters())]
             self.buckets = [Bucket(list(u.parameters()), self.n) for u in units]
         else:
-            self.buckets = make_buckets(self.params, bucket_mb, self.n)
+            # buckets never span two modules (pipeline chunks): each chunk's last backward
+            # comes at its own time, and a bucket must be complete when it is launched
+            self.buckets = [b for m in modules for b in
+                            make_buckets([p for p in m.parameters() if p.requires_grad], bucket_mb, self.n)]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         if zero:
             self._make_pieces()
