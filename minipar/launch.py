@@ -15,6 +15,7 @@ import os
 import pickle
 import queue
 import socket
+import time
 import traceback
 
 import torch
@@ -96,36 +97,63 @@ def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s:
     return _collect(procs, results, world_size)
 
 
-def _collect(procs, results, world_size):
+def _collect(procs, results, world_size, grace_s: float = 2.0):
+    """Wait for every rank's result. On the first failure, keep listening for `grace_s`:
+    when one rank dies, its peers fail too ("connection closed"), often before the dead
+    rank's exit is noticed, and the error must name the cause, not a bystander."""
     done: dict[int, object] = {}
+    errors: dict[int, str] = {}
+    deadline = None
     try:
-        while len(done) < world_size:
+        while len(done) < world_size and (deadline is None or time.monotonic() < deadline):
             try:
                 rank, status, payload = results.get(timeout=0.05)
+                if status == "ok":
+                    done[rank] = pickle.loads(payload)
+                else:
+                    errors[rank] = payload
             except queue.Empty:
-                for r, p in enumerate(procs):
-                    if r not in done and p.exitcode is not None and not _pending(results):
-                        raise RankFailed(r, f"rank {r} died (exit code {p.exitcode}) "
-                                            "before returning a result")
-                continue
-            if status == "error":
-                raise RankFailed(rank, f"rank {rank} failed: {payload}")
-            done[rank] = pickle.loads(payload)
+                pass
+            dead = [r for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0) and r not in errors and r not in done]
+            if dead and _pending(results):
+                continue      # its report may still be in the queue
+            for r in dead:
+                errors[r] = f"died (exit code {procs[r].exitcode}) without an error report"
+            if errors and deadline is None:
+                deadline = time.monotonic() + grace_s
     finally:
         for p in procs:
             if p.is_alive() and len(done) < world_size:
                 p.kill()
         for p in procs:
             p.join(timeout=10)
+    if errors:
+        raise _failure(errors)
     return [done[r] for r in range(world_size)]
 
 
 def _pending(q) -> bool:
-    # a rank may have put its result and exited before we read the queue
+    # a rank may have put its report and exited before we read the queue
     try:
         return not q.empty()
     except (OSError, ValueError):
         return False
+
+
+def _failure(errors: dict[int, str]) -> RankFailed:
+    """The root cause first: a rank that died silently, else one whose error is not a lost
+    connection to a peer, else the lowest rank."""
+    def lost_peer(msg):
+        return any(k in msg for k in ("Connection closed", "Connection reset", "connection",
+                                      "Broken pipe", "Read error", "Timed out"))
+    silent = [r for r, m in errors.items() if m.startswith("died")]
+    own = [r for r, m in errors.items() if not lost_peer(m)]
+    cause = min(silent or own or errors)
+    verb = "" if errors[cause].startswith("died") else "failed: "
+    others = sorted(set(errors) - {cause})
+    tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
+    return RankFailed(cause, f"rank {cause} {verb}{errors[cause]}{tail}")
 
 
 def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,

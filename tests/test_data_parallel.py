@@ -1,0 +1,84 @@
+"""Data parallelism and ZeRO against the single device: same losses, same gradients, the
+bytes the formulas say, and the memory each stage promises."""
+import functools
+
+import pytest
+
+from helpers import assert_close_grads, assert_same_losses, reference, run_layout
+
+LAYOUTS = {
+    "dp2": dict(dp=2),
+    "dp2-naive": dict(dp=2, bucket_mb=0),
+    "dp2-small-buckets": dict(dp=2, bucket_mb=0.1),
+    "dp2-zero1": dict(dp=2, zero=1),
+    "dp2-zero2": dict(dp=2, zero=2),
+    "dp2-zero3": dict(dp=2, zero=3),
+    "dp4": dict(dp=4),
+    "dp4-zero1": dict(dp=4, zero=1),
+    "dp4-zero2": dict(dp=4, zero=2),
+    "dp4-zero3": dict(dp=4, zero=3),
+    "dp2-zero2-micro2": dict(dp=2, zero=2, microbatches=2),
+    "dp2-zero3-micro2": dict(dp=2, zero=3, microbatches=2),
+    "dp1-micro4": dict(microbatches=4),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def result(name):
+    return run_layout(**LAYOUTS[name])
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_same_losses_and_gradients_as_single_device(name):
+    out, ref = result(name), reference()
+    assert_same_losses(out, ref)
+    for rank_result in out["all"]:
+        assert_close_grads(rank_result["grads"], ref["grads"])
+
+
+def param_bytes():
+    return sum(v.numel() * 4 for v in reference()["grads"].values())
+
+
+def dp_wire(name):
+    comm = result(name)["records"][-1]["comm"]["dp"]
+    return sum(op["wire_bytes"] for op in comm.values())
+
+
+@pytest.mark.parametrize("name,n,factor", [
+    ("dp2", 2, 2), ("dp4", 4, 2), ("dp2-naive", 2, 2),          # all-reduce: 2(n-1)/n
+    ("dp4-zero1", 4, 2), ("dp4-zero2", 4, 2),                    # reduce-scatter + all-gather
+    ("dp2-zero3", 2, 3), ("dp4-zero3", 4, 3),                    # + a second all-gather
+])
+def test_dp_wire_bytes_equal_the_ring_formula(name, n, factor):
+    assert dp_wire(name) == factor * (n - 1) * param_bytes() // n
+
+
+def test_naive_sends_one_all_reduce_per_gradient_and_buckets_fewer():
+    n_params = len(reference()["grads"])
+    assert result("dp2-naive")["records"][0]["comm"]["dp"]["all_reduce"]["calls"] == n_params
+    small = result("dp2-small-buckets")["records"][0]["comm"]["dp"]["all_reduce"]["calls"]
+    assert 1 < small < n_params
+    assert result("dp2")["records"][0]["comm"]["dp"]["all_reduce"]["calls"] == 1   # 1.3 MB < 25 MB
+
+
+def test_zero2_with_microbatches_reduce_scatters_each_microbatch():
+    rs = result("dp2-zero2-micro2")["records"][0]["comm"]["dp"]["reduce_scatter"]
+    assert rs["wire_bytes"] == 2 * param_bytes() // 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_memory_per_rank_follows_the_zero_stage(zero, n):
+    P = param_bytes()
+    mem = [r["memory"] for r in result(f"dp{n}" + (f"-zero{zero}" if zero else ""))["all"]]
+    # what ZeRO promises, per rank: 1 shards the optimizer state (Adam's m and v, 2P),
+    # 2 also the gradients, 3 also the parameters
+    want = {"params": P / n if zero >= 3 else P, "grads": P / n if zero >= 2 else P,
+            "optimizer": 2 * P / n if zero >= 1 else 2 * P}
+    slack = 4 * 4 * 75          # padding: under one float per rank and parameter tensor
+    for kind, w in want.items():
+        for m in mem:
+            assert abs(m[kind] - w) <= slack, (kind, m[kind], w)
+        if w < P * (2 if kind == "optimizer" else 1):
+            assert sum(m[kind] for m in mem) == (2 * P if kind == "optimizer" else P)
