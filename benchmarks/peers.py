@@ -14,6 +14,10 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
+
+# run as a script from the repository root or anywhere: find the package next to us
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PEERS = {}   # name -> function(quick: bool) -> {"minipar_s": ..., "peer_s": ..., "ratio": ...}
 
@@ -35,6 +39,183 @@ def result(minipar_s: float, peer_s: float, **extra) -> dict:
 
 # Peers are registered below, one section per axis: dp_vs_ddp, zero3_vs_fsdp2 (data),
 # tp_vs_dtensor (tensor), pp_vs_torch_pipelining (pipeline).
+
+
+# ---------------------------------------------------------------- data parallel peers
+BENCH_MODEL = dict(n_layers=4, dim=256, n_heads=8, n_kv_heads=4, ffn_dim=768, vocab_size=1024)
+
+
+def _bench_data(batch, seq):
+    import torch
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, BENCH_MODEL["vocab_size"], (batch, seq + 1), generator=g)
+
+
+def _time_steps(step, n_steps):
+    import time
+    import torch.distributed as dist
+    times = []
+    for _ in range(n_steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return median_step_time(times)
+
+
+def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
+    """On each rank: time minipar's DataParallel (ZeRO `zero`) and PyTorch's peer (DDP for
+    zero 0, FSDP2 for zero 3) on the same model, data and world, alternating nothing else."""
+    import torch
+    import torch.distributed as dist
+    from minipar import comm
+    from minipar.config import ModelConfig
+    from minipar.grid import ProcessGrid
+    from minipar.model import Transformer, cross_entropy_sum
+    from minipar.parallel.data import DataParallel
+    from minipar.train import zero3_units
+
+    cfg = ModelConfig(**BENCH_MODEL)
+    n = dist.get_world_size()
+    grid = ProcessGrid(dp=n, rank=dist.get_rank()).init_groups()
+    tokens = _bench_data(batch, seq).chunk(n)[dist.get_rank()]
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    n_tokens = batch * seq
+
+    model = Transformer(cfg, seed=0)
+    dp = DataParallel([model], grid.dp_cp, zero=zero, units=zero3_units([model]), lr=1e-4)
+
+    def ours():
+        dp.start_step()
+        (cross_entropy_sum(model(x), y) / n_tokens).backward()
+        dp.finish_backward()
+        dp.step(1e-4)
+
+    peer_model = Transformer(cfg, seed=0)
+    if zero == 0:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        wrapped = DDP(peer_model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for unit in zero3_units([peer_model]):
+            fully_shard(unit)
+        wrapped = fully_shard(peer_model)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
+
+    def theirs():
+        opt.zero_grad(set_to_none=True)
+        # DDP averages; scale the loss so both compute the same update
+        (cross_entropy_sum(wrapped(x), y) / n_tokens * n).backward()
+        opt.step()
+
+    with comm.paused():
+        ours_s = _time_steps(ours, n_steps)
+        theirs_s = _time_steps(theirs, n_steps)
+    return ours_s, theirs_s
+
+
+def _dp_peer(zero, quick):
+    from minipar import launch
+    n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
+    res = launch.run_local(_dp_rank, 2, zero, n_steps, batch, seq, timeout_s=300)
+    ours = max(r[0] for r in res)        # a step is as slow as its slowest rank
+    theirs = max(r[1] for r in res)
+    return result(ours, theirs, ranks=2, model=BENCH_MODEL, batch=batch, seq=seq)
+
+
+@peer("dp_vs_ddp")
+def dp_vs_ddp(quick):
+    """minipar's bucketed, overlapped all-reduce vs torch.nn.parallel.DistributedDataParallel."""
+    return _dp_peer(0, quick)
+
+
+@peer("zero3_vs_fsdp2")
+def zero3_vs_fsdp2(quick):
+    """minipar's ZeRO-3 vs FSDP2 (`fully_shard` per block and on the root)."""
+    return _dp_peer(3, quick)
+
+
+# ---------------------------------------------------------------- tensor parallel peers
+def _dtensor_plan(cfg):
+    """PyTorch's own tensor parallelism for the same layout as minipar's `TP_PLAN`: q, k, v,
+    gate, up column-wise, o and down row-wise, the embedding split over the vocabulary
+    (row-wise, replicated tokens in) and the head column-wise with its logits left sharded
+    for `loss_parallel`, PyTorch's vocab-parallel cross-entropy."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    plan = {"embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for i in range(cfg.n_layers):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "mlp.gate_proj", "mlp.up_proj"):
+            plan[f"layers.{i}.{name}"] = ColwiseParallel()
+        plan[f"layers.{i}.self_attn.o_proj"] = RowwiseParallel()
+        plan[f"layers.{i}.mlp.down_proj"] = RowwiseParallel()
+    return plan
+
+
+def _tp_rank(n_steps: int, batch: int, seq: int):
+    """On each rank: minipar's `apply_tensor_parallel` against `parallelize_module` on a
+    DeviceMesh, the same model and tokens, forward + backward + AdamW. Steps alternate
+    (ours, theirs, ours, ...) so that load from elsewhere on the machine hits both alike."""
+    import time
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+    from minipar import comm
+    from minipar.config import ModelConfig
+    from minipar.grid import ProcessGrid
+    from minipar.model import Transformer
+    from minipar.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy_sum
+
+    cfg = ModelConfig(**BENCH_MODEL)
+    n = dist.get_world_size()
+    grid = ProcessGrid(tp=n, rank=dist.get_rank()).init_groups()
+    tokens = _bench_data(batch, seq)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    n_tokens = batch * seq
+
+    model = apply_tensor_parallel(Transformer(cfg, seed=0), grid.tp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def ours():
+        opt.zero_grad(set_to_none=True)
+        (vocab_parallel_cross_entropy_sum(model(x), y, grid.tp) / n_tokens).backward()
+        opt.step()
+
+    mesh = init_device_mesh("cpu", (n,))
+    peer_model = parallelize_module(Transformer(cfg, seed=0), mesh, _dtensor_plan(cfg))
+    peer_opt = torch.optim.AdamW(peer_model.parameters(), lr=1e-4)
+
+    def theirs():
+        peer_opt.zero_grad(set_to_none=True)
+        with loss_parallel():
+            logits = peer_model(x).reshape(-1, cfg.vocab_size)
+            (F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n_tokens).backward()
+        peer_opt.step()
+
+    times = {ours: [], theirs: []}
+    with comm.paused():
+        for _ in range(n_steps):
+            for step in (ours, theirs):
+                dist.barrier()
+                t0 = time.perf_counter()
+                step()
+                times[step].append(time.perf_counter() - t0)
+    return median_step_time(times[ours]), median_step_time(times[theirs])
+
+
+@peer("tp_vs_dtensor")
+def tp_vs_dtensor(quick):
+    """minipar's tensor parallelism vs torch.distributed.tensor.parallel (DTensor), TP=2."""
+    from minipar import launch
+    n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
+    res = launch.run_local(_tp_rank, 2, n_steps, batch, seq, timeout_s=300)
+    ours = max(r[0] for r in res)        # a step is as slow as its slowest rank
+    theirs = max(r[1] for r in res)
+    return result(ours, theirs, ranks=2, model=BENCH_MODEL, batch=batch, seq=seq)
 
 
 def main(argv=None) -> int:

@@ -175,32 +175,41 @@ class _Deferred:
 
 # ---------------------------------------------------------------------------- p2p
 def exchange(sends=(), recvs=(), axis_name: str = "pp"):
-    """Post all sends and receives at once and wait for them: [(tensor, global_peer_rank)].
+    """Post all sends and receives at once and wait for them: [(tensor, global_peer_rank)],
+    or [(tensor, global_peer_rank, tag)] where a pair of ranks exchanges several messages
+    that must not be confused (a pipeline's activations and gradients).
 
     Posting both directions in one batch is what makes a pipeline or a ring unable to
     deadlock: no rank blocks in a send while its peer blocks in another send.
     """
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer) for t, peer in sends]
-    ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+    ops = _p2p_ops(sends, recvs)
     if not ops:
         return
     t0 = time.perf_counter()
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     sec = time.perf_counter() - t0
-    for t, _ in sends:
+    for t, *_ in sends:
         LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t), sec / max(len(sends), 1))
-    for t, _ in recvs:
+    for t, *_ in recvs:
         LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t), 0.0)
 
 
+def _p2p_ops(sends, recvs):
+    """P2POps for [(tensor, peer)] or [(tensor, peer, tag)]: sends first, then receives."""
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
+           for t, peer, *tag in sends]
+    return ops + [dist.P2POp(dist.irecv, t, peer, tag=tag[0] if tag else 0)
+                  for t, peer, *tag in recvs]
+
+
 def exchange_async(sends=(), recvs=(), axis_name: str = "pp"):
-    """Like `exchange`, but return the works: the caller waits when it needs the data."""
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer) for t, peer in sends]
-    ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
-    for t, _ in sends:
+    """Like `exchange`, but return the works: the caller waits when it needs the data
+    (and keeps each sent tensor alive until then)."""
+    ops = _p2p_ops(sends, recvs)
+    for t, *_ in sends:
         LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t))
-    for t, _ in recvs:
+    for t, *_ in recvs:
         LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t))
     return dist.batch_isend_irecv(ops) if ops else []
 

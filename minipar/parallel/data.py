@@ -21,6 +21,7 @@ already divided by the global token count.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -85,6 +86,9 @@ class Bucket:
         self.layout = FlatShards([p.shape for p in params], n)
         self.ready = 0
         self.pending = None       # the async collective in flight
+        self.flat = None          # ZeRO-0: gradients live here, as views (no copies)
+        self.gathering = None     # ZeRO-3: a prefetch all-gather in flight
+        self.neighbours = (None, None)   # ZeRO-3: the units run before and after this one
         self.pieces = None        # ZeRO >= 1: this rank's piece of each parameter
         self.piece_grads = None   # ... and of each gradient, once reduce-scattered
 
@@ -123,9 +127,14 @@ class DataParallel:
         self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
         self.naive = bucket_mb == 0 and zero < 3
         self.sync = True
+        # Set to a list to record when each bucket's collective is launched, completes and
+        # is waited for (the book's overlap timeline); None, the default, records nothing.
+        self.timeline: list | None = None
+        self.in_flight: list[Bucket] = []
         if zero == 3:
             units = [u for u in (units or modules) if any(True for _ in u.parameters())]
             self.buckets = [Bucket(list(u.parameters()), self.n) for u in units]
+            self._link_neighbours(modules, units)
         else:
             # buckets never span two modules (pipeline chunks): each chunk's last backward
             # comes at its own time, and a bucket must be complete when it is launched
@@ -134,6 +143,10 @@ class DataParallel:
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         if zero:
             self._make_pieces()
+        else:
+            for b in self.buckets:
+                b.flat = torch.zeros(sum(b.layout.numels), dtype=b.params[0].dtype,
+                                     device=b.params[0].device)
         self._make_optimizer(lr, betas, weight_decay)
         if not self.naive:
             for p in self.params:
@@ -141,9 +154,19 @@ class DataParallel:
         if zero == 3:
             for b, u in zip(self.buckets, units):
                 self._free_params(b)
-                u.register_forward_pre_hook(lambda m, a, b=b: self._gather_params(b))
-                u.register_forward_hook(lambda m, a, o, b=b: self._free_params(b))
-                u.register_full_backward_pre_hook(lambda m, g, b=b: self._gather_params(b))
+                u.register_forward_pre_hook(lambda m, a, b=b: self._gather_params(b, +1))
+                u.register_forward_hook(lambda m, a, out, b=b: self._after_forward(b, out))
+
+    def _link_neighbours(self, modules, units):
+        """Which unit runs next in forward (and so, previous in backward): the next in the
+        list, within the same module. A prefetch never crosses into another pipeline chunk,
+        whose turn may come much later."""
+        owner = [next(i for i, m in enumerate(modules) if any(u is x for x in m.modules()))
+                 for u in units]
+        for i, b in enumerate(self.buckets):
+            prev = self.buckets[i - 1] if i > 0 and owner[i - 1] == owner[i] else None
+            nxt = self.buckets[i + 1] if i + 1 < len(units) and owner[i + 1] == owner[i] else None
+            b.neighbours = (prev, nxt)
 
     # -- who owns what ---------------------------------------------------------------
     def _make_pieces(self):
@@ -168,12 +191,31 @@ class DataParallel:
              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, eps=1e-8)
 
     # -- ZeRO-3: a unit's weights exist only while it runs --------------------------------
-    def _gather_params(self, b: Bucket):
-        if b.params[0].shape == b.layout.shapes[0]:
-            return          # already gathered (e.g. forward and backward back to back)
-        full = b.layout.unpack(comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis))
-        for p, f in zip(b.params, full):
-            p.data = f
+    def _gathered(self, b: Bucket) -> bool:
+        return b.params[0].shape == b.layout.shapes[0]
+
+    def _gather_params(self, b: Bucket, direction: int):
+        """Make this unit's weights whole, then start gathering the one that runs after it
+        (direction +1 in forward, -1 in backward) so that its all-gather overlaps with this
+        unit's compute: FSDP's prefetch."""
+        if b.gathering is not None:
+            packed, b.gathering = b.gathering.wait(), None
+        elif not self._gathered(b):
+            packed = comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis)
+        else:
+            packed = None          # already whole (e.g. forward and backward back to back)
+        if packed is not None:
+            for p, f in zip(b.params, b.layout.unpack(packed)):
+                p.data = f
+        nxt = b.neighbours[1 if direction > 0 else 0]
+        if nxt is not None and nxt.gathering is None and not self._gathered(nxt):
+            nxt.gathering = comm.all_gather(nxt.layout.pad_pieces(nxt.pieces), self.axis, async_op=True)
+
+    def _after_forward(self, b: Bucket, out):
+        self._free_params(b)
+        # gather again just before this unit's backward: when its output's gradient arrives
+        if torch.is_tensor(out) and out.requires_grad:
+            out.register_hook(lambda g, b=b: self._gather_params(b, -1))
 
     def _free_params(self, b: Bucket):
         for p in b.params:
@@ -185,6 +227,12 @@ class DataParallel:
             p.grad = None
         for b in self.buckets:
             b.ready, b.pending, b.piece_grads = 0, None, None
+            if b.flat is not None:
+                # ZeRO-0: autograd accumulates straight into the bucket (DDP's
+                # gradient_as_bucket_view), so the all-reduce needs no copy in or out
+                b.flat.zero_()
+                for p, g in zip(b.params, b.flat.split(b.layout.numels)):
+                    p.grad = g.view_as(p)
 
     def set_last_microbatch(self, last: bool):
         """ZeRO 0/1 accumulate full gradients over micro-batches and reduce once, after the
@@ -200,17 +248,28 @@ class DataParallel:
                 self._launch(b)
 
     def _launch(self, b: Bucket):
-        grads = [p.grad if p.grad is not None else torch.zeros(s, dtype=p.dtype)
-                 for p, s in zip(b.params, b.layout.shapes)]
+        if b.pending is not None:
+            self._finish(b)        # its previous micro-batch's piece first
         if self.zero == 0:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            b.pending = (flat, comm.all_reduce(flat, self.axis, async_op=True))
+            for p, g in zip(b.params, b.flat.split(b.layout.numels)):
+                if p.grad is not None and p.grad.data_ptr() != g.data_ptr():
+                    g.copy_(p.grad.reshape(-1))     # someone replaced .grad: take it back
+                p.grad = g.view_as(p)
+            b.pending = (b.flat, comm.all_reduce(b.flat, self.axis, async_op=True))
         else:
+            grads = [p.grad if p.grad is not None else torch.zeros(s, dtype=p.dtype)
+                     for p, s in zip(b.params, b.layout.shapes)]
             b.pending = (None, comm.reduce_scatter(b.layout.pack(grads), self.axis, async_op=True))
+        if self.timeline is not None:
+            self._mark_launch(b)
         if self.zero >= 2:
-            self._finish(b)        # the full gradient is dropped now, so wait for it now
+            # the packed copy is in flight; the full gradient can go now. Keep at most two
+            # buckets in flight, so the copies do not add up to a full gradient again.
             for p in b.params:
                 p.grad = None
+            self.in_flight.append(b)
+            while len(self.in_flight) > 2:
+                self._finish(self.in_flight.pop(0))
         if self.zero == 3:
             self._free_params(b)
 
@@ -222,12 +281,22 @@ class DataParallel:
         if flat is not None:                     # all-reduce: the sum lands in place
             if work is not None:
                 work.wait()
-            for p, g in zip(b.params, flat.split(b.layout.numels)):
-                p.grad = g.view_as(p).clone()
         else:                                    # reduce-scatter: my piece of the sum
             mine = b.layout.unpad_pieces(work.wait(), self.rank)
             b.piece_grads = mine if b.piece_grads is None else \
                 [a + m for a, m in zip(b.piece_grads, mine)]
+        if self.timeline is not None:
+            self.timeline.append(("done", self.buckets.index(b), time.perf_counter()))
+
+    def _mark_launch(self, b: Bucket):
+        """Timeline: "launch" now, "complete" when the collective has finished (its future's
+        callback, which may run long before anyone waits), "done" in _finish (wait returned)."""
+        i, work = self.buckets.index(b), b.pending[1]
+        work = getattr(work, "work", work)          # reduce-scatter comes wrapped in _Deferred
+        self.timeline.append(("launch", i, time.perf_counter()))
+        if work is not None:
+            work.get_future().add_done_callback(
+                lambda _, i=i: self.timeline.append(("complete", i, time.perf_counter())))
 
     def finish_backward(self):
         """After the last backward of the step: every gradient (or my piece of it) summed."""
@@ -236,6 +305,7 @@ class DataParallel:
                 self._launch(b)
         for b in self.buckets:
             self._finish(b)
+        self.in_flight.clear()
 
     def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
         """(gradient this rank holds, its parameter). ZeRO 0: full gradients, the same on
