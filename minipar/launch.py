@@ -39,6 +39,13 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def device() -> torch.device:
+    """This rank's device: its GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def free_port() -> int:
     """A port the OS says is free now, so that concurrent runs do not collide."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

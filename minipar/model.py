@@ -54,10 +54,9 @@ def causal_attention(q, k, v):
     Grouped-query attention: each group of hq/hkv query heads shares one K/V head. Context
     parallelism replaces this function on each layer (`Attention.core`) and nothing else.
     """
-    rep = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    # enable_gqa: the kernel indexes the shared K/V head instead of copying it per query head
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                         v.transpose(1, 2), is_causal=True)
+                                         v.transpose(1, 2), is_causal=True, enable_gqa=True)
     return out.transpose(1, 2)
 
 

@@ -48,6 +48,7 @@ class TrainConfig:
     trace: str | None = None
     timeout_s: float = 60.0
     peak_flops: float | None = None
+    dtype: str = "auto"             # compute dtype: auto = bf16 autocast on CUDA, fp32 on CPU
     progress: bool = True
     capture_grads: bool = False     # tests: each rank returns its gradients after step 1
 
@@ -61,6 +62,8 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 0")
         if self.lr <= 0:
             raise ConfigError(f"--lr {self.lr} must be positive")
+        if self.dtype not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"--dtype {self.dtype!r} is unknown; choose auto, fp32 or bf16")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout-s {self.timeout_s} must be positive")
         if self.data is not None:
@@ -127,7 +130,7 @@ def shard_sequence(x, y, pcfg: ParallelConfig, grid: ProcessGrid):
     if pcfg.cp > 1:
         from .parallel.context import shard_for_context_parallel
         return shard_for_context_parallel(x, y, grid.cp)
-    return x, y, torch.arange(x.shape[1])
+    return x, y, torch.arange(x.shape[1], device=x.device)
 
 
 # ---------------------------------------------------------------- one step
@@ -137,7 +140,7 @@ def forward_backward(parts, micro, loss_fn, n_tokens, dp, pcfg, grid, trace=None
         from .parallel.pipeline import pipeline_forward_backward
         return pipeline_forward_backward(parts, micro, loss_fn, n_tokens, dp, pcfg, grid, trace)
     model = parts[0]
-    total = torch.zeros(())
+    total = torch.zeros((), device=micro[0].device)
     for i, mb in enumerate(micro):
         dp.set_last_microbatch(i == len(micro) - 1)
         x, y, pos = shard_sequence(mb[:, :-1], mb[:, 1:], pcfg, grid)
@@ -159,7 +162,7 @@ def counts_here(p, grid: ProcessGrid, replicated_over_dp: bool) -> bool:
 
 def clip_grad_norm(dp: DataParallel, grid: ProcessGrid, max_norm: float):
     """The global gradient norm over every rank's unique gradients; returns (norm, scale)."""
-    sq = torch.zeros((), dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64, device=launch.device())
     for g, p in dp.grads():
         if counts_here(p, grid, dp.zero == 0):
             sq += g.detach().double().pow(2).sum()
@@ -195,7 +198,13 @@ def train_on_rank(cfg: TrainConfig) -> dict:
     rank = dist.get_rank()
     pcfg, mcfg = cfg.parallel, cfg.model_config()
     grid = ProcessGrid(pcfg.tp, pcfg.cp, pcfg.pp, pcfg.dp, rank).init_groups()
-    parts = build_model_parts(mcfg, pcfg, grid, cfg.seed)
+    device = launch.device()
+    parts = [m.to(device) for m in build_model_parts(mcfg, pcfg, grid, cfg.seed)]
+    if compute_dtype(cfg, device) == torch.bfloat16:
+        # mixed precision: weights, gradients and optimizer stay fp32 (the master copy);
+        # matmuls run in bf16 inside each part's forward
+        for m in parts:
+            m.forward = torch.autocast(device.type, dtype=torch.bfloat16)(m.forward)
     dp = DataParallel(parts, grid.dp_cp, zero=pcfg.zero, bucket_mb=pcfg.bucket_mb,
                       units=zero3_units(parts), lr=cfg.lr, weight_decay=cfg.weight_decay)
     loss_fn = loss_function(pcfg, grid)
@@ -210,17 +219,23 @@ def train_on_rank(cfg: TrainConfig) -> dict:
     for step in steps:
         comm.LOG.reset()
         t0 = time.perf_counter()
-        batch = source.batch(step, cfg.global_batch, cfg.seq_len)
+        batch = source.batch(step, cfg.global_batch, cfg.seq_len).to(device)
         micro = local_microbatches(batch, grid.dp.rank, pcfg.dp, pcfg.microbatches)
         dp.start_step()
         loss = forward_backward(parts, micro, loss_fn, n_tokens, dp, pcfg, grid, trace)
         dp.finish_backward()
+        if pcfg.pp > 1 and mcfg.tie_embeddings:   # embedding (first stage) = head (last)
+            from .parallel.pipeline import sync_tied_gradients
+            sync_tied_gradients(parts, dp, grid)
         if cfg.capture_grads and step == 0:
             grads = named_full_grads(parts, dp, grid)
         norm, scale = clip_grad_norm(dp, grid, cfg.clip)
         lr = lr_at(step, cfg)
         dp.step(lr, scale)
-        # every rank holds part of the loss (its tokens; the last pipeline stage only)
+        # every rank holds part of the loss (its tokens; the last pipeline stage only);
+        # the TP ranks of a group all hold the same part: count it once
+        if grid.tp.rank != 0:
+            loss = torch.zeros_like(loss)
         with comm.paused():
             comm.all_reduce(loss, grid.world)
         dt = time.perf_counter() - t0
@@ -237,6 +252,12 @@ def train_on_rank(cfg: TrainConfig) -> dict:
         write_trace(cfg.trace, trace, grid)
     return {"records": records if rank == 0 else None, "grads": grads,
             "memory": dp.memory_bytes(), "coords": grid.coords(rank)}
+
+
+def compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
 
 
 def step_record(step, loss, norm, lr, dt, n_tokens, mcfg, cfg, grid) -> dict:
@@ -317,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--data", default=None, help="train on this text file as bytes (default: synthetic)")
     a("--log-json", default=None, help="write one JSON object per step (JSON Lines)")
     a("--trace", default=None, help="write each rank's pipeline events as JSON")
+    a("--dtype", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16")
     a("--timeout-s", type=float, default=60.0, help="collective timeout: a dead peer fails within it")
     a("--no-progress", action="store_true", help="no tqdm bar")
     return p
@@ -332,7 +354,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        warmup_steps=ns.warmup_steps, decay_steps=ns.decay_steps,
                        min_lr_ratio=ns.min_lr_ratio, weight_decay=ns.weight_decay, clip=ns.clip,
                        data=ns.data, log_json=ns.log_json, trace=ns.trace,
-                       timeout_s=ns.timeout_s, progress=not ns.no_progress)
+                       timeout_s=ns.timeout_s, dtype=ns.dtype, progress=not ns.no_progress)
 
 
 def main(argv=None) -> int:
