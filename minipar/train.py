@@ -64,6 +64,10 @@ class TrainConfig:
             raise ConfigError(f"--lr {self.lr} must be positive")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"--dtype {self.dtype!r} is unknown; choose auto, fp32 or bf16")
+        if launch.in_torchrun() and int(os.environ["WORLD_SIZE"]) != self.parallel.world_size:
+            p = self.parallel
+            raise ConfigError(f"--tp {p.tp} x --cp {p.cp} x --pp {p.pp} x --dp {p.dp} = "
+                              f"{p.world_size} ranks, but torchrun started {os.environ['WORLD_SIZE']}")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout-s {self.timeout_s} must be positive")
         if self.data is not None:
