@@ -1,0 +1,357 @@
+"""Context parallelism (CP): split each sequence over cp ranks, keep attention exact.
+
+Everything in a Transformer layer but attention works token by token, so cutting the
+sequence into pieces costs nothing there: each rank keeps 1/cp of the tokens and 1/cp of
+their activations. Attention alone needs every earlier token. Two ways to give it them:
+
+  ring       (Liu et al. 2023) K/V blocks travel round the CP group by point-to-point
+             sends; each rank folds them into its result one at a time with the
+             log-sum-exp trick (online softmax), and no rank ever holds the whole K/V.
+  allgather  (Llama 3) all-gather K and V once, then attend with the local queries.
+             Under grouped-query attention K and V are small, and any mask is easy.
+
+The causal mask makes a naive split unfair: the rank holding the end of the sequence
+attends to everything, the one holding the start to almost nothing. The load-balanced
+("zigzag") layout cuts the sequence into 2*cp chunks and gives rank i the chunks i and
+2*cp-1-i, one early and one late, so every rank does the same work.
+
+`apply_context_parallel` swaps each layer's `self_attn.core` for one of the two functions;
+`shard_for_context_parallel` gives a rank its tokens and their positions (RoPE uses them).
+Gradients are then summed over dp x cp like data-parallel ones (`grid.dp_cp`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .. import comm
+from ..grid import Axis
+from ..model import causal_attention
+
+
+# ============================================================ the load-balanced layout
+def zigzag_chunks(rank: int, cp: int) -> tuple[int, int]:
+    """The two chunks (of 2*cp) that rank holds: one from the start, one from the end."""
+    return rank, 2 * cp - 1 - rank
+
+
+def contiguous_chunks(rank: int, cp: int) -> tuple[int, int]:
+    """The naive split, for comparison: rank i holds the i-th 1/cp of the sequence."""
+    return 2 * rank, 2 * rank + 1
+
+
+def local_positions(seq_len: int, rank: int, cp: int, layout=zigzag_chunks) -> torch.Tensor:
+    """Positions of the tokens a rank holds, in the order it holds them."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"context parallelism over cp={cp} needs a sequence length divisible "
+                         f"by 2*cp={2 * cp}; got {seq_len}")
+    c = seq_len // (2 * cp)
+    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in layout(rank, cp)])
+
+
+def shard_for_context_parallel(x: torch.Tensor, y: torch.Tensor, cp_axis: Axis):
+    """This CP rank's tokens x, targets y ([b, s] -> [b, s/cp]) and their positions.
+
+    A pure function of (x, y, rank, size): every pipeline stage can recompute it. Targets
+    stay with their inputs, so the loss, a sum over tokens, just adds up across ranks.
+    """
+    pos = local_positions(x.shape[1], cp_axis.rank, cp_axis.size)
+    return x[:, pos], y[:, pos], pos
+
+
+# ============================================================ which blocks are computed
+def ring_steps(rank: int, cp: int, layout=zigzag_chunks):
+    """What `rank` computes at each step of the ring, as data.
+
+    At step t it holds the K/V block of rank (rank - t) mod cp. Its two query chunks (slots
+    0, 1) meet that block's two key chunks: a key chunk after the query chunk is masked
+    out entirely (skipped), the same chunk is the causal diagonal, an earlier one is full.
+    Returns [(source_rank, [(q_slot, k_slot, diagonal), ...]) for t in range(cp)].
+    """
+    mine = layout(rank, cp)
+    steps = []
+    for t in range(cp):
+        src = (rank - t) % cp
+        pairs = [(a, b, qc == kc) for a, qc in enumerate(mine)
+                 for b, kc in enumerate(layout(src, cp)) if kc <= qc]
+        steps.append((src, pairs))
+    return steps
+
+
+def attention_work(seq_len: int, cp: int, layout=zigzag_chunks) -> list[int]:
+    """Query-key scores each rank computes under the ring schedule (its attention FLOPs
+    are proportional). Every score under the causal mask is computed once, by one rank."""
+    c = seq_len // (2 * cp)
+    return [sum(c * (c + 1) // 2 if diag else c * c
+                for _, pairs in ring_steps(r, cp, layout) for _, _, diag in pairs)
+            for r in range(cp)]
+
+
+# ============================================================ one block of attention
+# Grouped layout: q as [b, s, n_kv, group, d], so each K/V head serves its group of query
+# heads without being repeated (GQA: K and V are never expanded, in memory or on the wire).
+def _grouped(x: torch.Tensor, n_kv: int) -> torch.Tensor:
+    b, s, h, d = x.shape
+    return x.reshape(b, s, n_kv, h // n_kv, d)
+
+
+def _scores(q, k, diagonal: bool, scale: float):
+    s = torch.einsum("bqhgd,bkhd->bqhgk", q, k) * scale
+    if diagonal:    # the same chunk of positions on both sides: mask the future
+        future = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(future[:, None, None, :], float("-inf"))
+    return s
+
+
+def block_forward(q, k, v, diagonal: bool, scale: float):
+    """Attention of query rows q [b, sq, hkv, g, d] against one key block k, v [b, sk, hkv, d]:
+    the block's softmax-normalised output and its log-sum-exp per query row [b, sq, hkv, g]."""
+    s = _scores(q, k, diagonal, scale)
+    lse = s.logsumexp(-1)
+    out = torch.einsum("bqhgk,bkhd->bqhgd", torch.exp(s - lse[..., None]), v)
+    return out, lse
+
+
+def merge(out, lse, block_out, block_lse):
+    """Fold one block's result into the running one (online softmax).
+
+    Each is softmax-weighted over its own keys; reweighting by exp(lse_part - lse_total)
+    gives the softmax over the union. Exact, in any order of blocks.
+    """
+    new_lse = torch.logaddexp(lse, block_lse)
+    out = out * torch.exp(lse - new_lse)[..., None] + block_out * torch.exp(block_lse - new_lse)[..., None]
+    return out, new_lse
+
+
+def block_backward(q, k, v, dout, lse, delta, diagonal: bool, scale: float):
+    """Gradients of one block from the *final* log-sum-exp (FlashAttention's backward):
+    P = exp(S - lse) is this block's share of the full softmax, and
+    dS = P * (dP - delta) with delta = rowsum(dout * out)."""
+    p = torch.exp(_scores(q, k, diagonal, scale) - lse[..., None])
+    dv = torch.einsum("bqhgk,bqhgd->bkhd", p, dout)
+    dp = torch.einsum("bqhgd,bkhd->bqhgk", dout, v)
+    ds = p * (dp - delta[..., None])
+    dq = torch.einsum("bqhgk,bkhd->bqhgd", ds, k) * scale
+    dk = torch.einsum("bqhgk,bqhgd->bkhd", ds, q) * scale
+    return dq, dk, dv
+
+
+def _rows(slot: int, c: int) -> slice:
+    return slice(slot * c, (slot + 1) * c)
+
+
+class LocalQueries:
+    """This rank's queries and what they have gathered so far: the state both CP attentions
+    keep while K/V blocks come by, one block at a time, in any order."""
+
+    def __init__(self, q, n_kv: int, out=None, lse=None):
+        self.q = _grouped(q.float(), n_kv)
+        self.c = q.shape[1] // 2                  # the two chunks this rank holds
+        self.scale = 1.0 / math.sqrt(q.shape[-1])
+        self.out = torch.zeros_like(self.q) if out is None else out
+        self.lse = (torch.full(self.q.shape[:-1], float("-inf"), device=q.device)
+                    if lse is None else lse)
+
+    def attend(self, k, v, pairs):
+        """Fold one rank's K/V block into the output, for the chunk pairs the mask keeps."""
+        for a, b, diagonal in pairs:
+            rows, cols = _rows(a, self.c), _rows(b, self.c)
+            o, l = block_forward(self.q[:, rows], k[:, cols].float(), v[:, cols].float(),
+                                 diagonal, self.scale)
+            self.out[:, rows], self.lse[:, rows] = merge(self.out[:, rows], self.lse[:, rows], o, l)
+
+    def start_backward(self, dout):
+        self.dout = _grouped(dout.float(), self.q.shape[2])
+        self.delta = (self.dout * self.out).sum(-1)
+        self.dq = torch.zeros_like(self.q)
+
+    def backprop(self, k, v, pairs, dk, dv):
+        """Add this block's share to dq, and to the block's dk, dv (in place)."""
+        for a, b, diagonal in pairs:
+            rows, cols = _rows(a, self.c), _rows(b, self.c)
+            dq_, dk_, dv_ = block_backward(self.q[:, rows], k[:, cols].float(), v[:, cols].float(),
+                                           self.dout[:, rows], self.lse[:, rows],
+                                           self.delta[:, rows], diagonal, self.scale)
+            self.dq[:, rows] += dq_
+            dk[:, cols] += dk_.to(dk.dtype)
+            dv[:, cols] += dv_.to(dv.dtype)
+
+    def output(self, like):
+        return self.out.reshape(like.shape).to(like.dtype)
+
+    def grad_q(self, like):
+        return self.dq.reshape(like.shape).to(like.dtype)
+
+
+# ============================================================ ring attention
+class _InFlight:
+    """Receives posted along the ring; `wait()` returns the arrived tensors."""
+
+    def __init__(self, works, received):
+        self.works, self.received = works, received
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        return self.received
+
+
+def _ring_pass(tensors, axis: Axis, wait: bool = True):
+    """Send `tensors` to the next rank of the ring and receive the previous rank's.
+
+    Sends and receives are posted in one batch (`comm.exchange`), so a ring of blocking
+    sends cannot deadlock. With wait=False the transfer runs while the caller computes.
+    """
+    nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
+    received = [torch.empty_like(t) for t in tensors]
+    sends, recvs = [(t, nxt) for t in tensors], [(r, prv) for r in received]
+    if wait:
+        comm.exchange(sends, recvs, axis_name=axis.log_as)
+        return received
+    return _InFlight(comm.exchange_async(sends, recvs, axis_name=axis.log_as), received)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Exact causal attention of this rank's queries against the whole sequence's keys.
+
+    Forward: cp steps; at each, attend to the K/V block in hand while the next one travels.
+    Only q, k, v, the output and its log-sum-exp are kept: never a remote block.
+    Backward: the K/V blocks go round again, now with dK/dV accumulators that every rank
+    adds its share to; after the last step each accumulator takes one hop home.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, axis, layout):
+        k, v = k.contiguous(), v.contiguous()
+        queries = LocalQueries(q, k.shape[2])
+        steps = ring_steps(axis.rank, axis.size, layout)
+        k_cur, v_cur = k, v
+        for t, (_, pairs) in enumerate(steps):
+            last = t == len(steps) - 1
+            if not last:    # the next block travels while this one is used
+                in_flight = _ring_pass([k_cur, v_cur], axis, wait=False)
+            queries.attend(k_cur, v_cur, pairs)
+            if not last:
+                k_cur, v_cur = in_flight.wait()
+        ctx.save_for_backward(q, k, v, queries.out, queries.lse)
+        ctx.axis, ctx.layout = axis, layout
+        return queries.output(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        axis = ctx.axis
+        queries = LocalQueries(q, k.shape[2], out, lse)
+        queries.start_backward(dout)
+        steps = ring_steps(axis.rank, axis.size, ctx.layout)
+        # step 0, this rank's own block: its gradient stays here
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        queries.backprop(k, v, steps[0][1], dk, dv)
+        # steps 1..cp-1: a block arrives with the dK/dV its previous holders summed
+        # (nothing yet at step 1: the accumulator starts there, so it need not travel)
+        k_cur, v_cur, dk_acc, dv_acc = k, v, None, None
+        for t, (_, pairs) in enumerate(steps[1:], start=1):
+            travelling = [k_cur, v_cur] + ([dk_acc, dv_acc] if t > 1 else [])
+            received = _ring_pass(travelling, axis)
+            k_cur, v_cur = received[:2]
+            dk_acc, dv_acc = received[2:] if t > 1 else (torch.zeros_like(k), torch.zeros_like(v))
+            queries.backprop(k_cur, v_cur, pairs, dk_acc, dv_acc)
+        # the accumulators now hold the next rank's block, complete: one hop home
+        dk_home, dv_home = _ring_pass([dk_acc, dv_acc], axis)
+        return queries.grad_q(q), dk + dk_home, dv + dv_home, None, None
+
+
+def ring_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
+    """Causal attention for this rank's queries q [b, s_local, hq, d] against the whole
+    sequence, whose K/V [b, s_local, hkv, d] blocks are spread over the ranks of `axis`."""
+    if axis.size == 1:
+        return causal_attention(q, k, v)
+    return _RingAttention.apply(q, k, v, axis, layout)
+
+
+# ============================================================ all-gather K/V (Llama 3)
+class _GatheredAttention(torch.autograd.Function):
+    """The ring's arithmetic with every block already here: k, v [b, cp*s_local, hkv, d]
+    hold the blocks of ranks 0..cp-1 in rank order (not position order). The blocks the
+    causal mask hides are skipped; their dK, dV are zero."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rank, cp, layout):
+        queries, n = LocalQueries(q, k.shape[2]), q.shape[1]
+        for src, pairs in ring_steps(rank, cp, layout):
+            queries.attend(k[:, src * n:(src + 1) * n], v[:, src * n:(src + 1) * n], pairs)
+        ctx.save_for_backward(q, k, v, queries.out, queries.lse)
+        ctx.rank, ctx.cp, ctx.layout = rank, cp, layout
+        return queries.output(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        queries, n = LocalQueries(q, k.shape[2], out, lse), q.shape[1]
+        queries.start_backward(dout)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        for src, pairs in ring_steps(ctx.rank, ctx.cp, ctx.layout):
+            blk = slice(src * n, (src + 1) * n)
+            queries.backprop(k[:, blk], v[:, blk], pairs, dk[:, blk], dv[:, blk])
+        return queries.grad_q(q), dk, dv, None, None, None
+
+
+def allgather_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
+    """Llama 3's context parallelism: all-gather K and V over the CP group, then attend.
+
+    The gather's backward is a reduce-scatter: every rank's dK/dV for a block are summed on
+    the rank that owns it (`comm.gather_from_group`). K and V travel in one tensor. The
+    gathered K/V are kept for the backward: the whole sequence's, but GQA makes them small.
+    """
+    if axis.size == 1:
+        return causal_attention(q, k, v)
+    kv = comm.gather_from_group(torch.stack([k, v]), axis, dim=2)
+    return _GatheredAttention.apply(q, kv[0], kv[1], axis.rank, axis.size, layout)
+
+
+CORES = {"ring": ring_attention, "allgather": allgather_attention}
+
+
+def apply_context_parallel(model, cp_axis: Axis, impl: str = "ring"):
+    """Make every attention layer of `model` context-parallel over `cp_axis`."""
+    if impl not in CORES:
+        raise ValueError(f"--cp-impl {impl!r} is unknown; choose one of {', '.join(CORES)}")
+    core = functools.partial(CORES[impl], axis=cp_axis)
+    for layer in model.layers.values():
+        layer.self_attn.core = core
+    return model
+
+
+# ============================================================ bytes on the wire
+def cp_hops(cp: int, impl: str) -> int:
+    """How many times one rank sends a K/V-block-sized message per layer and micro-batch.
+
+    ring:      forward cp-1 K/V blocks; backward cp-1 K/V blocks again and cp-1 dK/dV
+               accumulators (started one rank downstream, so cp-1 hops bring them home).
+    allgather: all-gather of cp blocks, (cp-1)/cp of them = cp-1 blocks; its backward,
+               a reduce-scatter of the same size, cp-1 more.
+    """
+    if cp == 1:
+        return 0
+    if impl == "ring":
+        return 3 * (cp - 1)
+    if impl == "allgather":
+        return 2 * (cp - 1)
+    raise ValueError(f"--cp-impl {impl!r} is unknown; choose one of {', '.join(CORES)}")
+
+
+def cp_wire_bytes_per_step(model_cfg, b: int, s: int, cp: int, impl: str = "ring",
+                           n_micro: int = 1, tp: int = 1, n_layers: int | None = None,
+                           dtype_bytes: int = 4) -> int:
+    """Bytes one CP rank sends per optimizer step: the formula `comm.LOG` is tested against.
+
+    b: sequences per micro-batch on this rank, s: the full sequence length, n_layers: the
+    layers this rank holds (all of them without pipeline parallelism). The K/V block of a
+    rank is 2 (K and V) * b * s/cp * (n_kv_heads / tp) * head_dim elements: KV heads, not
+    query heads, because GQA's K/V are sent un-expanded.
+    """
+    layers = model_cfg.n_layers if n_layers is None else n_layers
+    block = 2 * b * (s // cp) * (model_cfg.n_kv_heads // tp) * model_cfg.head_dim * dtype_bytes
+    return n_micro * layers * cp_hops(cp, impl) * block
