@@ -2,7 +2,15 @@
 model, in plain PyTorch, that runs as N gloo processes on a laptop and as N GPUs under torchrun.
 """
 from .config import ConfigError, ModelConfig, ParallelConfig
-from .grid import ProcessGrid
+
+
+def __getattr__(name):
+    # lazily: `python -m minipar.costmodel` needs no torch, and importing torch costs seconds
+    if name == "ProcessGrid":
+        from .grid import ProcessGrid
+        return ProcessGrid
+    raise AttributeError(name)
+
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "ModelConfig", "ParallelConfig", "ProcessGrid"]

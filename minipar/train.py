@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import comm, launch
+from . import checkpoint, comm, launch
 from .config import ConfigError, ModelConfig, ParallelConfig
 from .data import local_microbatches, make_source
 from .grid import ProcessGrid
@@ -51,6 +51,12 @@ class TrainConfig:
     dtype: str = "auto"             # compute dtype: auto = bf16 autocast on CUDA, fp32 on CPU
     progress: bool = True
     capture_grads: bool = False     # tests: each rank returns its gradients after step 1
+    save: str | None = None         # checkpoint directory: DIR/step_000010, ..., DIR/latest
+    save_every: int = 0             # steps between checkpoints (0: only at the end)
+    resume: str | None = None       # a checkpoint directory, or a --save DIR (its latest)
+    fail_at_step: int | None = None     # teaching and tests: --fail-rank dies at this step
+    fail_rank: int | None = None
+    max_restarts: int = 0           # restart the world from --save's latest checkpoint
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.preset(self.model)
@@ -75,7 +81,25 @@ class TrainConfig:
                 raise ConfigError(f"--data {self.data}: no such file")
             if self.model_config().vocab_size < 256:
                 raise ConfigError("--data trains on bytes and needs a vocabulary of at least 256")
+        self._check_faults()
+        checkpoint.check_flags(self)
         return self
+
+    def _check_faults(self):
+        if self.fail_rank is not None and self.fail_at_step is None:
+            raise ConfigError(f"--fail-rank {self.fail_rank} needs --fail-at-step K")
+        if self.fail_at_step is not None:
+            if not 0 <= self.fail_at_step < self.steps:
+                raise ConfigError(f"--fail-at-step {self.fail_at_step} must be a step of the run: "
+                                  f"0..{self.steps - 1} (--steps {self.steps})")
+            rank, n = self.fail_rank or 0, self.parallel.world_size
+            if not 0 <= rank < n:
+                raise ConfigError(f"--fail-rank {rank} is not a rank of this layout (0..{n - 1})")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts} must be >= 0")
+        if self.max_restarts and not self.save:
+            raise ConfigError(f"--max-restarts {self.max_restarts} needs --save DIR: "
+                              "a restart resumes from its latest checkpoint")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -214,13 +238,17 @@ def train_on_rank(cfg: TrainConfig) -> dict:
     loss_fn = loss_function(pcfg, grid)
     source = make_source(cfg.data, mcfg.vocab_size, cfg.seed)
     n_tokens = cfg.global_batch * cfg.seq_len
-    records, grads, trace = [], None, [] if cfg.trace else None
-    log = open(cfg.log_json, "w") if (cfg.log_json and rank == 0) else None
-    steps = range(cfg.steps)
+    start, history = 0, []
+    if cfg.resume:       # the weights and optimizer state of a checkpoint, in this layout
+        start, history = checkpoint.load(cfg.resume, parts, dp, grid, mcfg)
+    records, grads, trace = list(history), None, [] if cfg.trace else None
+    log = open_log(cfg.log_json, history) if (cfg.log_json and rank == 0) else None
+    steps = range(start, cfg.steps)
     if rank == 0 and cfg.progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc=f"train {pcfg.tp}x{pcfg.cp}x{pcfg.pp}x{pcfg.dp}", leave=False)
     for step in steps:
+        maybe_fail(cfg, step, rank)
         comm.LOG.reset()
         t0 = time.perf_counter()
         batch = source.batch(step, cfg.global_batch, cfg.seq_len).to(device)
@@ -248,6 +276,8 @@ def train_on_rank(cfg: TrainConfig) -> dict:
         if log:
             log.write(json.dumps(rec) + "\n")
             log.flush()
+        if checkpoint_due(cfg, step + 1):
+            checkpoint.save(cfg.save, step + 1, parts, dp, grid, cfg, records)
         if rank == 0 and cfg.progress and hasattr(steps, "set_postfix"):
             steps.set_postfix(loss=f"{rec['loss']:.4f}")
     if log:
@@ -256,6 +286,29 @@ def train_on_rank(cfg: TrainConfig) -> dict:
         write_trace(cfg.trace, trace, grid)
     return {"records": records if rank == 0 else None, "grads": grads,
             "memory": dp.memory_bytes(), "coords": grid.coords(rank)}
+
+
+def open_log(path: str, history: list[dict]):
+    """The JSON Lines log. A resumed run rewrites it from the checkpoint's records, so the
+    whole curve is there once, however often the run was interrupted."""
+    log = open(path, "w")
+    for rec in history:
+        log.write(json.dumps(rec) + "\n")
+    return log
+
+
+def checkpoint_due(cfg: TrainConfig, done: int) -> bool:
+    """After `done` steps: every --save-every steps, and at the end."""
+    return bool(cfg.save) and (done == cfg.steps or (cfg.save_every > 0 and done % cfg.save_every == 0))
+
+
+def maybe_fail(cfg: TrainConfig, step: int, rank: int):
+    """--fail-at-step K --fail-rank R: rank R dies at the start of step K, the way a GPU
+    that falls off the bus does: no exception, no word to its peers, just gone."""
+    if cfg.fail_at_step == step and rank == (cfg.fail_rank or 0):
+        if cfg.progress:
+            print(f"rank {rank}: injected failure at step {step} (--fail-at-step)", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
@@ -271,7 +324,10 @@ def step_record(step, loss, norm, lr, dt, n_tokens, mcfg, cfg, grid) -> dict:
     if cfg.peak_flops:
         try:
             from .flops import mfu
-            rec["mfu"] = mfu(tps, mcfg, cfg.seq_len, cfg.peak_flops, n_devices=grid.world_size)
+            # on a CPU the measured peak is the whole machine's, which the forked ranks
+            # share; on GPUs each rank has a peak of its own
+            n_dev = grid.world_size if launch.device().type == "cuda" else 1
+            rec["mfu"] = mfu(tps, mcfg, cfg.seq_len, cfg.peak_flops, n_devices=n_dev)
         except ImportError:
             pass
     return rec
@@ -291,14 +347,42 @@ def write_trace(path, events, grid):
 def train(cfg: TrainConfig) -> dict:
     """Validate, then run on tp*cp*pp*dp ranks (forked locally, or this torchrun world).
     Returns rank 0's result: {"records": [...], "grads": ..., "memory": ...}, and
-    "all": every rank's result when run locally."""
+    "all": every rank's result when run locally, "failures": the restarts it survived.
+
+    --max-restarts N: when a rank fails, start a fresh world from the latest checkpoint,
+    up to N times. Under torchrun, restarting is torchrun's job (its own --max-restarts);
+    a restarted worker sees TORCHELASTIC_RESTART_COUNT > 0 and resumes the same way."""
     cfg.validate()
     if cfg.peak_flops is None:
         cfg.peak_flops = _peak_flops()
-    results = launch.run(train_on_rank, cfg.parallel.world_size, cfg, timeout_s=cfg.timeout_s)
+    if launch.in_torchrun() and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.save:
+        cfg = restarted(cfg)
+    failures = []
+    while True:
+        try:
+            results = launch.run(train_on_rank, cfg.parallel.world_size, cfg, timeout_s=cfg.timeout_s)
+            break
+        except launch.RankFailed as e:
+            if len(failures) >= cfg.max_restarts or launch.in_torchrun():
+                raise
+            cfg = restarted(cfg)
+            failures.append({"rank": e.rank, "error": str(e).splitlines()[0], "resumed_from": cfg.resume,
+                             "resumed_at_step": checkpoint.step_of(cfg.resume)})
+            if cfg.progress:
+                print(f"{failures[-1]['error']}\nrestart {len(failures)}/{cfg.max_restarts} "
+                      f"from {cfg.resume or 'the start'}", file=sys.stderr)
     out = dict(results[0])
     out["all"] = results
+    out["failures"] = failures
     return out
+
+
+def restarted(cfg: TrainConfig) -> TrainConfig:
+    """The run a restart makes: it resumes from the newest checkpoint of --save (or, if
+    there is none yet, from where the first attempt started), and the injected fault, a
+    one-time event like a real one, is not injected again."""
+    resume = cfg.save if checkpoint.latest(cfg.save) else cfg.resume
+    return dataclasses.replace(cfg, resume=resume, fail_at_step=None, fail_rank=None).validate()
 
 
 def _peak_flops():
@@ -344,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--trace", default=None, help="write each rank's pipeline events as JSON")
     a("--dtype", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16")
     a("--timeout-s", type=float, default=60.0, help="collective timeout: a dead peer fails within it")
+    a("--save", default=None, help="checkpoint directory (DIR/step_000010, DIR/latest)")
+    a("--save-every", type=int, default=0, help="checkpoint every K steps (0: only at the end)")
+    a("--resume", default=None, help="resume from a checkpoint, or from a --save DIR's latest; "
+                                      "any layout")
+    a("--fail-at-step", type=int, default=None, help="teaching: kill --fail-rank at this step")
+    a("--fail-rank", type=int, default=None, help="the rank --fail-at-step kills (default 0)")
+    a("--max-restarts", type=int, default=0,
+      help="on a failure, restart from --save's latest checkpoint, up to N times")
     a("--no-progress", action="store_true", help="no tqdm bar")
     return p
 
@@ -358,7 +450,10 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        warmup_steps=ns.warmup_steps, decay_steps=ns.decay_steps,
                        min_lr_ratio=ns.min_lr_ratio, weight_decay=ns.weight_decay, clip=ns.clip,
                        data=ns.data, log_json=ns.log_json, trace=ns.trace,
-                       timeout_s=ns.timeout_s, dtype=ns.dtype, progress=not ns.no_progress)
+                       timeout_s=ns.timeout_s, dtype=ns.dtype, progress=not ns.no_progress,
+                       save=ns.save, save_every=ns.save_every, resume=ns.resume,
+                       fail_at_step=ns.fail_at_step, fail_rank=ns.fail_rank,
+                       max_restarts=ns.max_restarts)
 
 
 def main(argv=None) -> int:
@@ -379,7 +474,8 @@ def main(argv=None) -> int:
     if recs and (launch.in_torchrun() is False or int(os.environ.get("RANK", 0)) == 0):
         last = recs[-1]
         print(f"step {last['step']}: loss {last['loss']:.6f}  grad_norm {last['grad_norm']:.4f}  "
-              f"{last['tokens_per_s']:.0f} tokens/s")
+              f"{last['tokens_per_s']:.0f} tokens/s"
+              + (f"  (after {len(out['failures'])} restart(s))" if out.get("failures") else ""))
     return 0
 
 

@@ -1,0 +1,217 @@
+"""How much arithmetic a training step is, and what fraction of the hardware it used (MFU).
+
+The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and torchtitan use it:
+
+    model FLOPs per token = 6 N + 12 L h s
+
+* 6 N: every weight a token meets costs one multiply-add (2 FLOPs) in the forward pass and
+  two in the backward pass (gradient w.r.t. the input and w.r.t. the weight): 2 + 4 = 6.
+  N counts the weights a token is *multiplied* by: every parameter except the input
+  embedding table, which is a lookup (with tied embeddings the table is the output head and
+  counts once). For Llama 3 405B, N = 403.7e9 of its 405.9e9 parameters.
+* 12 L h s: attention's two matmuls, QK^T and (softmax)V, each 2 h s FLOPs per token and
+  layer forward (h = n_heads * head_dim, s the sequence length), times 3 for the backward.
+  No discount for the causal mask: PaLM counts the full s x s square although a causal
+  kernel skips half of it (Megatron-LM halves it instead, so its MFU reads lower at long s).
+
+MFU = model FLOPs actually processed per second / peak FLOP/s. *Hardware* FLOPs add the work
+done again by activation recomputation; HFU divides those by the peak instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from .config import ModelConfig
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+# ------------------------------------------------------------------ parameters and FLOPs
+def layer_param_count(model: ModelConfig) -> int:
+    """Weights of one transformer block: attention, SwiGLU MLP and the two RMSNorm gains."""
+    h, hd = model.dim, model.head_dim
+    attention = h * model.n_heads * hd * 2 + h * model.n_kv_heads * hd * 2   # q, o; k, v
+    mlp = 3 * h * model.ffn_dim                                              # gate, up, down
+    return attention + mlp + 2 * h
+
+
+def param_count(model: ModelConfig, embeddings: bool = True) -> int:
+    """Parameters of the model, exactly as `minipar.model.Transformer` holds them.
+
+    embeddings=False leaves out the input embedding table (a lookup, no FLOPs) and keeps the
+    output head (a matmul): that is the N of 6N. With tied embeddings the shared table is the
+    head, so it stays.
+    """
+    table = model.vocab_size * model.dim
+    head = 0 if model.tie_embeddings else table
+    total = model.n_layers * layer_param_count(model) + model.dim + head  # + final norm
+    if embeddings or model.tie_embeddings:
+        total += table
+    return total
+
+
+def dense_flops_per_token(model: ModelConfig) -> float:
+    """6 N: the weight matmuls, forward and backward."""
+    return 6.0 * param_count(model, embeddings=False)
+
+
+def attention_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """12 L h s: QK^T and attention-times-V, forward and backward, full square (PaLM)."""
+    return 12.0 * model.n_layers * model.n_heads * model.head_dim * seq_len
+
+
+def flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """Model FLOPs per token of a training step: 6 N + 12 L h s (PaLM's convention)."""
+    return dense_flops_per_token(model) + attention_flops_per_token(model, seq_len)
+
+
+def recompute_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = "none") -> float:
+    """FLOPs per token that activation recomputation does a second time (PaLM counting).
+
+    none:      nothing.
+    selective: the attention core's forward (QK^T, softmax, times V): a third of 12 L h s.
+    full:      the whole forward pass: 2 N + 4 L h s.
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"--recompute {recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+    attention_forward = attention_flops_per_token(model, seq_len) / 3
+    if recompute == "none":
+        return 0.0
+    if recompute == "selective":
+        return attention_forward
+    return dense_flops_per_token(model) / 3 + attention_forward
+
+
+def hardware_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = "none") -> float:
+    """Model FLOPs plus what recomputation does again: the numerator of HFU."""
+    return flops_per_token(model, seq_len) + recompute_flops_per_token(model, seq_len, recompute)
+
+
+def mfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float | None,
+        n_devices: int = 1) -> float | None:
+    """Model FLOPs utilisation of `n_devices` together processing `tokens_per_s` tokens per
+    second, each device able to do `peak_flops` FLOP/s. None when the peak is unknown."""
+    if not peak_flops:
+        return None
+    return tokens_per_s * flops_per_token(model, seq_len) / (peak_flops * n_devices)
+
+
+def hfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float | None,
+        n_devices: int = 1, recompute: str = "none") -> float | None:
+    """Hardware FLOPs utilisation: like `mfu`, counting recomputed work too."""
+    if not peak_flops:
+        return None
+    return tokens_per_s * hardware_flops_per_token(model, seq_len, recompute) / (peak_flops * n_devices)
+
+
+# ------------------------------------------------------------------ the hardware's peak
+# Dense (no 2:4 sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s per GPU.
+# Matched against torch.cuda.get_device_name() in order, so the more specific names first.
+GPU_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    ("GH200", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),
+    ("H200", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp32": 51e12, "tf32": 378e12}),
+    ("H100", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),   # SXM
+    ("B200", {"bf16": 2250e12, "fp32": 80e12, "tf32": 1100e12}),
+    ("A100", {"bf16": 312e12, "fp32": 19.5e12, "tf32": 156e12}),
+    ("L40S", {"bf16": 362e12, "fp32": 91.6e12, "tf32": 183e12}),
+    ("L4", {"bf16": 121e12, "fp32": 30.3e12, "tf32": 60e12}),
+    ("V100", {"bf16": 125e12, "fp32": 15.7e12, "tf32": 15.7e12}),  # fp16 tensor cores (no bf16)
+]
+
+_CPU_PEAK: dict[str, float] = {}          # in-process cache, keyed like the file cache
+
+
+def gpu_peak_flops(name: str, dtype: str = "bf16") -> float | None:
+    """Data-sheet peak of the GPU called `name` for `dtype` ("bf16", "tf32", "fp32")."""
+    for key, peaks in GPU_PEAK_FLOPS:
+        if key.lower() in name.lower():
+            return peaks.get(dtype)
+    return None
+
+
+def peak_flops(device=None, dtype: str = "bf16") -> float | None:
+    """Peak FLOP/s of one device.
+
+    CUDA: the data-sheet number for the GPU's name (None if it is not in the table).
+    CPU: *measured*, the best float32 matmul rate of a short benchmark (about half a second),
+    cached in-process and in ~/.cache/minipar/ (or $MINIPAR_CACHE_DIR) per CPU model and
+    torch thread count, so calling it again, or from another process, is free. On a CPU the
+    "peak" is thus what a large matmul reaches, not the vendor's theoretical number; `dtype`
+    is ignored there (minipar computes in float32 on CPU).
+    """
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
+    if device.type != "cpu":
+        return None
+    return cpu_peak_flops()
+
+
+def _cpu_key() -> str:
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("MINIPAR_CACHE_DIR") or Path.home() / ".cache" / "minipar"
+    return Path(root) / "cpu_peak_flops.json"
+
+
+def cpu_peak_flops(seconds: float = 0.5) -> float:
+    """The CPU's float32 matmul rate in FLOP/s (measured once, then cached)."""
+    key = _cpu_key()
+    if key in _CPU_PEAK:
+        return _CPU_PEAK[key]
+    path = _cache_file()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key not in cached:
+        cached[key] = measure_matmul_flops(seconds)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cached, indent=1))
+            tmp.replace(path)            # atomic: a concurrent reader sees old or new, whole
+        except OSError:
+            pass                         # a read-only home still gets the in-process cache
+    _CPU_PEAK[key] = float(cached[key])
+    return _CPU_PEAK[key]
+
+
+def measure_matmul_flops(seconds: float = 0.5, n: int = 1024) -> float:
+    """Best FLOP/s of repeated n x n float32 matmuls over about `seconds` (2 n^3 FLOPs each).
+
+    The best, not the mean: the question is what the cores can do, and a shared machine
+    only ever makes a run slower.
+    """
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)                                   # warm-up: allocation, thread pool
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        dt = time.perf_counter() - t0
+        best = max(best, 2 * n**3 / dt)
+    return best

@@ -1,0 +1,419 @@
+"""The cost model: bytes worked out by hand, closed-form bubbles, memory rules, Llama 3's
+Table 4, a sanity law, and every error of the CLI. Pure functions: milliseconds."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minipar import costmodel as cm
+from minipar import flops
+from minipar.config import ConfigError, ModelConfig, ParallelConfig
+
+TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
+L405 = ModelConfig.preset("llama3-405b")
+
+
+# ------------------------------------------------------------------ bytes, by hand
+def test_ring_bytes_agree_with_commlog():
+    from minipar.comm import wire_bytes
+
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "send"):
+        for n in (1, 2, 3, 8):
+            for size in (0, 1000, 4097):
+                assert cm.ring_bytes(op, n, size) == wire_bytes(op, n, size)
+
+
+def test_dp_bytes_by_zero_stage():
+    # 1000 float32 parameters over 4 ranks: G = P = 4000 bytes, (n-1)/n = 3/4
+    assert cm.dp_bytes(1000, 4, zero=0) == 2 * 3 * 4000 // 4 == 6000         # all-reduce
+    assert cm.dp_bytes(1000, 4, zero=1) == 3000 + 3000                        # RS + AG
+    assert cm.dp_bytes(1000, 4, zero=2, microbatches=3) == 3 * 3000 + 3000    # RS per micro-batch
+    assert cm.dp_bytes(1000, 4, zero=3, microbatches=2) == 2 * (2 * 3000 + 3000)
+    # bf16 parameters, fp32 gradients (Llama 3): RS of 4 bytes, AG of 2 bytes per parameter
+    assert cm.dp_bytes(1000, 4, zero=1, grad_bytes=4, param_bytes=2) == 3000 + 1500
+    assert cm.dp_bytes(1000, 1, zero=1) == 0
+    assert cm.zero_padded_numel([10, 3], 4) == 12 + 4
+    with pytest.raises(ConfigError, match="--zero 4"):
+        cm.dp_bytes(1000, 4, zero=4)
+
+
+def test_tp_bytes_by_hand():
+    # 8 tokens x dim 4 x 4 bytes = 128 bytes; all-reduce over 2 ranks puts 2 * 1/2 * 128 on the wire
+    assert cm.tp_layer_bytes(8, 4, 2, 4) == 4 * 128
+    assert cm.tp_layer_bytes(8, 4, 2, 4, recompute="full") == 6 * 128
+    assert cm.tp_layer_bytes(8, 4, 1, 4) == 0
+    assert cm.tp_embedding_bytes(8, 4, 2, 4) == 128
+    assert cm.tp_embedding_bytes(8, 4, 2, 4, sp=True) == 64 + 64              # RS fwd, AG bwd
+    assert cm.tp_norm_bytes(3, True, 4, 2, 4) == (2 * 3 + 1) * 16             # SP: norm grads
+    assert cm.tp_head_bytes(8, 4, 2, 4) == 128
+    assert cm.tp_cross_entropy_bytes(8, 2) == 3 * (8 * 4)                     # 3 x all-reduce of 8 floats
+    # 4 ranks: the all-reduce factor is 2 * 3/4
+    assert cm.tp_layer_bytes(8, 4, 4, 4) == 4 * 192
+
+
+def test_pp_bytes_by_stage():
+    # 10 tokens x dim 4 x 4 bytes = 160 bytes per send, 3 micro-batches, 4 stages
+    assert cm.pp_bytes(10, 4, 4, 3, 4, stage=0) == 3 * 160                   # forward only
+    assert cm.pp_bytes(10, 4, 4, 3, 4, stage=1) == 3 * 2 * 160               # both ways
+    assert cm.pp_bytes(10, 4, 4, 3, 4, stage=3) == 3 * 160                   # backward only
+    # 2 chunks per rank: rank 0 sends forward from both chunks, backward from chunk 1 only
+    assert cm.pp_bytes(10, 4, 4, 3, 4, stage=0, virtual_stages=2) == 3 * 3 * 160
+    assert cm.pp_bytes(10, 4, 4, 3, 4, stage=1, sp_tp=2) == 3 * 2 * 80       # SP: my 1/tp
+    assert cm.pp_bytes(10, 4, 1, 3, 4) == 0
+
+
+def test_cp_bytes_by_hand():
+    kv = cm.cp_kv_bytes(32, 4, 8, 4)
+    assert kv == 2 * 32 * 4 * 8 * 4 == 8192
+    # ring over 4: forward 3 sends, backward 3 (K,V again) + 3 (dK,dV accumulators)
+    assert cm.cp_layer_bytes(kv, 4, "ring") == (3 + 3 + 3) * kv
+    # all-gather of 4 kv (3/4 of it on the wire) + reduce-scatter of 4 dkv
+    assert cm.cp_layer_bytes(kv, 4, "allgather") == 3 * kv + 3 * kv
+    assert cm.cp_layer_bytes(kv, 4, "allgather", recompute="full") == 2 * 3 * kv + 3 * kv
+    assert cm.cp_layer_bytes(kv, 1, "ring") == 0
+
+
+def test_comm_bytes_per_gpu_tiny_by_hand():
+    # tiny, TP2 PP2, SP, float32, 8 sequences of 64 tokens, micro-batch 1 -> m = 8.
+    pc = ParallelConfig(tp=2, pp=2, sp=True, microbatches=8)
+    work = cm.Workload(seq_len=64, global_batch=8)
+    got = cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32, stage=0)
+    s = 64 * 64 * 4                       # one micro-batch's activations: 16384 bytes
+    tp_layer = 4 * s                      # 4 all-reduces, each 2 * 1/2 * S
+    embedding = s                         # SP: reduce-scatter fwd + all-gather bwd, 1/2 * S each
+    norms = 2 * 4 * 64 * 4                # SP: 8 norm gradients of 64 floats, all-reduced
+    assert got["tp"] == 8 * (4 * tp_layer + embedding + norms)      # rank 0 holds 4 layers
+    assert got["pp"] == 8 * (s // 2)                               # forward sends of my half
+    assert got["cp"] == got["dp"] == 0
+    last = cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32, stage=1)
+    head = s                                                # SP: all-gather fwd + reduce-scatter bwd
+    ce = 3 * 64 * 4                                         # 3 all-reduces of 64 floats over 2
+    assert last["tp"] == 8 * (4 * tp_layer + head + ce + norms + 64 * 4)   # + the final norm
+
+
+def test_dp_bytes_of_tiny_count_every_parameter():
+    pc = ParallelConfig(dp=2, zero=0, microbatches=1)
+    work = cm.Workload(seq_len=64, global_batch=2)
+    got = cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32)
+    assert got["dp"] == 2 * 1 * flops.param_count(TINY) * 4 // 2
+    # CP ranks reduce gradients too: the group is dp x cp
+    pc = ParallelConfig(dp=2, cp=2, zero=0, microbatches=1)
+    got = cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32)
+    assert got["dp"] == 2 * 3 * flops.param_count(TINY) * 4 // 4
+
+
+def test_local_params_add_up_to_the_model():
+    # the TP shards of every stage, put back together, are the whole model
+    tp, pp = 2, 4
+    counts = cm.stage_layer_counts(TINY.n_layers, pp)
+    shards = sum(cm.local_param_count(TINY, tp, counts[r], r == 0, r == pp - 1) for r in range(pp))
+    replicated_norms = 2 * TINY.dim * TINY.n_layers + TINY.dim
+    assert tp * shards - (tp - 1) * replicated_norms == flops.param_count(TINY)
+
+
+def test_stage_layer_counts():
+    assert cm.stage_layer_counts(8, 4) == [2, 2, 2, 2]
+    assert cm.stage_layer_counts(10, 4) == [3, 3, 2, 2]
+    # Llama 3 405B: 16 ranks x 8 chunks = 128 stages for 126 layers + embedding + head
+    assert cm.stage_layer_counts(126, 128) == [0] + [1] * 126 + [0]
+    assert cm.rank_layers(L405, 16, 8, 0) == 7 and cm.rank_layers(L405, 16, 8, 1) == 8
+    with pytest.raises(ConfigError):
+        cm.stage_layer_counts(8, 11)
+
+
+# ------------------------------------------------------------------ bubble and memory
+@pytest.mark.parametrize("p, m, v", [(4, 8, 1), (4, 8, 2), (8, 16, 4), (2, 4, 1)])
+def test_bubble_closed_forms(p, m, v):
+    assert cm.bubble_fraction("1f1b", p, m) == (p - 1) / (m + p - 1)
+    assert cm.bubble_fraction("afab", p, m) == (p - 1) / (m + p - 1)
+    assert cm.bubble_fraction("interleaved", p, m, v) == (p - 1) / (v * m + p - 1)
+    assert cm.bubble_fraction("zb", p, m) < cm.bubble_fraction("1f1b", p, m)
+    assert cm.bubble_fraction("1f1b", 1, m) == 0
+
+
+def test_bubble_matches_a_simulated_schedule():
+    # The pipeline chapter's event simulator, where it exists, agrees with the closed form.
+    sched = pytest.importorskip("minipar.parallel.schedules")
+    for name, p, m, v, times in [("1f1b", 4, 8, 1, (1, 2, 0)), ("interleaved", 4, 8, 2, (1, 2, 0)),
+                                 ("zb", 4, 8, 1, (1, 1, 1))]:
+        timeline = sched.simulate(sched.make_schedule(name, p, m, v), *times)
+        assert timeline.bubble_fraction == pytest.approx(cm.bubble_fraction(name, p, m, v))
+
+
+def test_in_flight_microbatches():
+    assert cm.in_flight_microbatches("afab", 4, 8) == 8
+    assert [cm.in_flight_microbatches("1f1b", 4, 8, r) for r in range(4)] == [4, 3, 2, 1]
+    assert cm.in_flight_microbatches("1f1b", 4, 2) == 2            # never more than m
+    # Megatron's interleaved rank 0: p (v-1) + 2 (p-1) + 1 chunks of 1/v each = p + (p-1)/v
+    assert cm.in_flight_microbatches("interleaved", 16, 32, 0, 8) == pytest.approx(16 + 15 / 8)
+
+
+def test_memory_by_zero_stage():
+    work = cm.Workload(seq_len=64, global_batch=8)
+    n_params = flops.param_count(TINY)
+    mem = [cm.memory_per_gpu(TINY, ParallelConfig(dp=4, zero=z, microbatches=2), work, cm.FP32)
+           for z in range(4)]
+    assert mem[0]["params"] == 4 * n_params and mem[0]["grads"] == 4 * n_params
+    assert mem[0]["optimizer"] == 8 * n_params                    # Adam's m and v
+    assert mem[1]["optimizer"] == mem[0]["optimizer"] / 4 and mem[1]["grads"] == mem[0]["grads"]
+    assert mem[2]["grads"] == mem[0]["grads"] / 4 and mem[2]["params"] == mem[0]["params"]
+    assert mem[3]["params"] == mem[0]["params"] / 4
+    assert len({m["activations"] for m in mem}) == 1               # ZeRO does not touch those
+
+
+def test_activation_memory_by_recompute():
+    # tiny, per token and layer, elements: none 4h + 2h + 2 kv + 3 ffn; selective 2h + h + 2 kv + 2 ffn
+    h, kv, f = 64, 32, 128
+    assert cm.activation_elements(TINY, 1, False, "none") == 4 * h + 2 * h + 2 * kv + 3 * f
+    assert cm.activation_elements(TINY, 1, False, "selective") == 3 * h + 2 * kv + 2 * f
+    assert cm.activation_elements(TINY, 1, False, "full") == h
+    # TP splits the heads and the FFN; only SP splits the norms' h-wide tensors too
+    assert cm.activation_elements(TINY, 2, False, "none") == 4 * h + (2 * h + 2 * kv + 3 * f) / 2
+    assert cm.activation_elements(TINY, 2, True, "none") == cm.activation_elements(TINY, 1, False, "none") / 2
+
+
+# ------------------------------------------------------------------ Llama 3's Table 4
+def test_table4_within_three_points():
+    for row, est in cm.table4():
+        assert abs(est.mfu - row.mfu) <= 0.03, (row, est.mfu)
+        assert abs(est.tflops_per_gpu - row.tflops_per_gpu) <= 30
+
+
+def test_table4_uses_one_set_of_constants():
+    # the function has no per-row knob: every row goes through the same Efficiency
+    rows = cm.table4(cm.LLAMA3_EFFICIENCY)
+    assert [r.mfu for r, _ in rows] == [0.43, 0.41, 0.38]
+    assert all(e.parallel.virtual_stages == 8 and e.workload.microbatch_size == 1 for _, e in rows)
+
+
+def test_doubling_dp_at_fixed_global_batch_lowers_mfu():
+    # rows 1 -> 2: the per-rank batch halves, so the bubble's share grows
+    base = dict(tp=8, pp=16, zero=1, sp=True, schedule="interleaved", virtual_stages=8)
+    e64 = cm.estimate(L405, ParallelConfig(dp=64, **base), seq_len=8192)
+    e128 = cm.estimate(L405, ParallelConfig(dp=128, **base), seq_len=8192)
+    assert e128.mfu < e64.mfu and e128.bubble_fraction > e64.bubble_fraction
+    # and without a pipeline: the exposed tail of the gradient reduce-scatter is the same
+    # number of seconds, in a step that gets shorter and shorter
+    m8 = ModelConfig.preset("llama3-8b")
+    prev = None
+    for dp in (64, 128, 256, 512):
+        e = cm.estimate(m8, ParallelConfig(dp=dp, zero=1), seq_len=8192, global_batch_tokens=2**22)
+        assert e.time_breakdown_s["dp"] > 0
+        if prev is not None:
+            assert e.mfu < prev
+        prev = e.mfu
+
+
+def test_estimate_keys_and_consistency():
+    e = cm.estimate(L405, cm.TABLE4[0].parallel(), seq_len=8192)
+    d = e.as_dict()
+    for key in ("mfu", "hfu", "tflops_per_gpu", "step_time_s", "memory_gb_per_gpu",
+                "comm_bytes_per_gpu", "bubble_fraction"):
+        assert key in d
+    assert set(d["comm_bytes_per_gpu"]) == {"tp", "cp", "pp", "dp"}
+    assert sum(e.time_breakdown_s.values()) == pytest.approx(e.step_time_s)
+    model_flops = 2**24 * flops.flops_per_token(L405, 8192)
+    assert e.mfu == pytest.approx(model_flops / (e.step_time_s * 8192 * 989e12))
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_recompute_costs_time_and_saves_memory():
+    pc = cm.TABLE4[0].parallel()
+    runs = {r: cm.estimate(L405, pc, seq_len=8192, recompute=r) for r in flops.RECOMPUTE}
+    assert runs["none"].mfu > runs["selective"].mfu > runs["full"].mfu
+    assert runs["full"].hfu > runs["full"].mfu
+    assert runs["none"].memory_gb_per_gpu > runs["selective"].memory_gb_per_gpu > runs["full"].memory_gb_per_gpu
+
+
+def test_pods_only_limit_rings_that_share_an_uplink():
+    c = cm.LLAMA3_CLUSTER
+    assert cm.group_bandwidth_GBps(c, 1, 8, 8192) == 450            # one server: NVLink
+    assert cm.group_bandwidth_GBps(c, 8, 16, 8192) == 50            # 16 servers: the NIC
+    # DP64 over 8192 GPUs: 128 rings share each pod's 3072 * 50 / 7 GB/s: still the NIC
+    assert cm.group_bandwidth_GBps(c, 128, 64, 8192) == 50
+    # DP2 of two 4096-GPU replicas: 4096 rings, every GPU of a pod sends across: NIC / 7
+    assert cm.group_bandwidth_GBps(c, 4096, 2, 8192) == pytest.approx(50 / 7)
+
+
+def test_estimate_rejects_bad_layouts():
+    with pytest.raises(ConfigError, match="--tp 3 does not divide n_heads"):
+        cm.estimate(L405, ParallelConfig(tp=3, pp=16, dp=64), seq_len=8192)
+    with pytest.raises(ConfigError, match="--microbatch-size 3"):
+        cm.estimate(L405, ParallelConfig(tp=8, pp=16, dp=64), seq_len=8192, microbatch_size=3)
+    with pytest.raises(ConfigError, match="exclusive"):
+        cm.estimate(L405, ParallelConfig(), seq_len=8192, global_batch=8, global_batch_tokens=8192 * 8)
+
+
+def test_best_configs_are_valid_sorted_and_fit():
+    m70 = ModelConfig.preset("llama3-70b")
+    found = cm.best_configs(m70, gpus=512, seq_len=8192, global_batch_tokens=2**22,
+                            microbatch_sizes=(1,), schedules=("1f1b",), recompute=("selective",), top=5)
+    assert found and len(found) <= 5
+    assert [e.mfu for e in found] == sorted((e.mfu for e in found), reverse=True)
+    for e in found:
+        assert e.fits_memory and e.parallel.world_size == 512
+
+
+# ------------------------------------------------------------------ the CLI
+def run_cli(capsys, *argv):
+    code = cm.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_default_is_table4_row1(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 0 and err == ""
+    assert "TP8 CP1 PP16 DP64" in out and "MFU" in out and "bubble" in out
+
+
+def test_cli_json(capsys):
+    code, out, _ = run_cli(capsys, "--json", "--gpus", "16384", "--cp", "16", "--dp", "8",
+                           "--seq-len", "131072", "--global-batch-tokens", str(2**24))
+    d = json.loads(out)
+    assert code == 0 and abs(d["mfu"] - 0.38) <= 0.03
+    assert d["comm_bytes_per_gpu"]["cp"] > 0
+
+
+def test_cli_own_model_and_hardware(capsys):
+    code, out, _ = run_cli(capsys, "--json", "--layers", "8", "--dim", "64", "--ffn-dim", "128",
+                           "--heads", "8", "--kv-heads", "4", "--vocab", "256",
+                           "--peak-tflops", "0.05", "--hbm-gb", "16", "--gpus-per-node", "2",
+                           "--intra-node-GBps", "10", "--inter-node-Gbps", "10",
+                           "--tp", "2", "--cp", "1", "--pp", "2", "--dp", "1", "--seq-len", "64",
+                           "--global-batch", "8", "--schedule", "1f1b", "--precision", "fp32")
+    d = json.loads(out)
+    assert code == 0 and d["parallel"]["tp"] == 2 and 0 < d["mfu"] < 1
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--preset", "nope"], "--preset"),
+    (["--gpus", "100"], "--gpus 100"),
+    (["--gpus", "8192", "--dp", "32"], "--gpus 8192 must equal"),
+    (["--tp", "3"], "--tp 3 does not divide"),
+    (["--dp", "0"], "--dp 0"),
+    (["--seq-len", "0"], "--seq-len 0"),
+    (["--global-batch-tokens", "1000"], "--global-batch-tokens 1000"),
+    (["--global-batch", "8", "--global-batch-tokens", "65536"], "--global-batch"),
+    (["--global-batch", "-8"], "--global-batch -8"),
+    (["--microbatch-size", "3"], "--microbatch-size 3"),
+    (["--microbatch-size", "0"], "--microbatch-size 0"),
+    (["--schedule", "gpipe"], "--schedule"),
+    (["--recompute", "some"], "--recompute"),
+    (["--cp-impl", "tree"], "--cp-impl"),
+    (["--zero", "5"], "--zero 5"),
+    (["--cp", "3"], "--cp 3"),
+    (["--virtual-stages", "4", "--schedule", "1f1b"], "--virtual-stages 4"),
+    (["--virtual-stages", "16"], "--virtual-stages 16"),
+    (["--heads", "7"], "n_heads=7"),
+    (["--peak-tflops", "0"], "--peak-tflops"),
+    (["--inter-node-Gbps", "-1"], "--inter-node-Gbps"),
+    (["--tp", "two"], "--tp"),
+    (["--dense-efficiency", "1.5"], "--dense-efficiency"),
+    (["--sp", "--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "8"], "--sp needs --tp > 1"),
+    (["--schedule", "interleaved", "--pp", "16", "--global-batch", "8", "--dp", "1"], "--microbatches"),
+])
+def test_cli_errors(capsys, argv, names):
+    try:
+        code = cm.main(argv)
+    except SystemExit as e:          # argparse's own errors exit from inside parse_args
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert names in err and "Traceback" not in err
+
+
+def test_cli_as_a_module_exits_2_without_traceback(repo_root):
+    r = subprocess.run([sys.executable, "-m", "minipar.costmodel", "--tp", "3"], cwd=repo_root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().startswith("error: --tp 3") and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ the axes' own formulas
+# Each axis's implementer wrote the formula its CommLog is tested against; the cost model
+# must say the same (it cannot import them: they need torch, the cost model must not).
+@pytest.mark.parametrize("tp, sp, pp, stage", [(2, False, 1, 0), (2, True, 1, 0), (4, True, 2, 0),
+                                               (4, True, 2, 1), (2, False, 4, 2)])
+def test_tp_bytes_agree_with_the_tensor_parallel_module(tp, sp, pp, stage):
+    tensor = pytest.importorskip("minipar.parallel.tensor")
+    work = cm.Workload(seq_len=64, global_batch=6)
+    pc = ParallelConfig(tp=tp, sp=sp, pp=pp, microbatches=6)
+    layers = cm.rank_layers(TINY, pp, 1, stage)
+    want = tensor.tp_wire_bytes_per_step(TINY, 1, 64, tp, sp, n_micro=6, layers=layers,
+                                         first=stage == 0, last=stage == pp - 1)
+    assert cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32, stage)["tp"] == want
+
+
+@pytest.mark.parametrize("impl, cp, tp", [("ring", 2, 1), ("ring", 4, 2), ("allgather", 4, 1),
+                                          ("allgather", 2, 2)])
+def test_cp_bytes_agree_with_the_context_parallel_module(impl, cp, tp):
+    context = pytest.importorskip("minipar.parallel.context")
+    work = cm.Workload(seq_len=64, global_batch=3)
+    pc = ParallelConfig(cp=cp, tp=tp, cp_impl=impl, microbatches=3)
+    want = context.cp_wire_bytes_per_step(TINY, 1, 64, cp, impl, n_micro=3, tp=tp)
+    assert cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32)["cp"] == want
+
+
+# ------------------------------------------------------------------ measured by CommLog
+@pytest.mark.slow
+def test_measured_gloo_bytes_equal_the_prediction_per_axis():
+    # One 8-rank world with every axis: TP2 (with SP) x CP2 (ring) x PP2 (interleaved, 2
+    # chunks), ZeRO-1 over the dp x cp group. Rank 0's CommLog of a step against the model.
+    train = pytest.importorskip("minipar.train")
+    pc = ParallelConfig(tp=2, cp=2, pp=2, dp=1, zero=1, sp=True, microbatches=4,
+                        schedule="interleaved", virtual_stages=2, cp_impl="ring")
+    cfg = train.TrainConfig(parallel=pc, global_batch=8, seq_len=32, steps=2, progress=False,
+                            peak_flops=1e10)
+    record = train.train(cfg)["records"][-1]
+    measured = {axis: sum(op["wire_bytes"] for op in ops.values())
+                for axis, ops in record["comm"].items()}
+    work = cm.Workload(seq_len=32, global_batch=8, microbatch_size=2)
+    predicted = cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32, stage=0)
+    for axis in ("tp", "cp", "pp", "dp"):
+        assert measured[axis] == predicted[axis] > 0, axis
+
+
+# ------------------------------------------------------------------ figures and explorer
+def test_cost_model_figures_draw():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from minipar import viz, widgets
+
+    rows = cm.table4()
+    estimates = {f"row {i}": e for i, (_, e) in enumerate(rows)}
+    figures = [viz.table4_figure(rows), viz.comm_volume_figure(estimates), viz.memory_figure(estimates),
+               viz.network_figure(), viz.constants_figure([0.5, 0.52], [0.2, 0.22]),
+               viz.measured_vs_predicted_figure({"tp": {"all_reduce": {"wire_bytes": 10}}}, {"tp": 10}),
+               widgets.static_whatif(), widgets.whatif_figure(tp=3)]
+    assert all(isinstance(f, matplotlib.figure.Figure) for f in figures)
+    # the invalid layout's panel names the broken rule
+    texts = [t.get_text() for ax in figures[-1].axes for t in ax.texts]
+    assert any("--tp 3 does not divide n_heads" in t for t in texts)
+    plt.close("all")
+
+
+def test_table4_fit_counts_mark_the_book_constants():
+    e = cm.LLAMA3_EFFICIENCY
+    assert cm.table4_fit_counts([e.dense], [e.attention]) == [[3]]
+    assert cm.table4_fit_counts([0.7], [0.5]) == [[0]]       # far off: no row fits
+
+
+def test_whatif_explorer_builds_and_redraws():
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+    matplotlib.use("Agg")
+    from minipar import widgets
+
+    ui = widgets.whatif()
+    sliders = ui.children[0].children[0].children
+    sliders[0].value = 4                   # tp: redraws without error
+    e, problems = widgets.whatif_estimate(tp=4)
+    assert problems is None and e.parallel.tp == 4
+    assert widgets.whatif_estimate(tp=3)[1]

@@ -1,0 +1,111 @@
+"""FLOP counts, parameter counts, MFU and the peak table, against numbers worked out by hand."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from minipar import flops
+from minipar.config import ModelConfig
+
+L405 = ModelConfig.preset("llama3-405b")
+
+
+def test_405b_parameter_count_by_hand():
+    # 126 layers of: q and o 16384 x 16384, k and v 16384 x (8 x 128), three 16384 x 53248
+    # SwiGLU matrices, two norm gains; plus the 128256 x 16384 embedding and (untied) head.
+    layer = 2 * 16384 * 16384 + 2 * 16384 * 1024 + 3 * 16384 * 53248 + 2 * 16384
+    total = 126 * layer + 16384 + 2 * 128256 * 16384
+    assert flops.param_count(L405) == total == 405_853_388_800        # "405B"
+    assert flops.param_count(L405, embeddings=False) == total - 128256 * 16384
+
+
+def test_published_sizes_of_the_smaller_llamas():
+    # Meta's model cards: 8.03B and 70.6B parameters.
+    assert flops.param_count(ModelConfig.preset("llama3-8b")) == pytest.approx(8.03e9, rel=2e-3)
+    assert flops.param_count(ModelConfig.preset("llama3-70b")) == pytest.approx(70.6e9, rel=2e-3)
+
+
+def test_param_count_matches_the_reference_model():
+    # The independent reference: count the tensors minipar's model actually allocates.
+    from minipar.model import Transformer
+
+    for cfg in (ModelConfig.preset("tiny"), ModelConfig(n_layers=2, tie_embeddings=True)):
+        model = Transformer(cfg, seed=None)
+        held = sum(p.numel() for p in model.parameters())    # a tied weight is yielded once
+        assert flops.param_count(cfg) == held
+        table = cfg.vocab_size * cfg.dim
+        expected_n = held if cfg.tie_embeddings else held - table
+        assert flops.param_count(cfg, embeddings=False) == expected_n
+
+
+def test_405b_flops_per_token_at_8k():
+    # The issue's hand numbers: ~2.43e12 for 6N (6 x 405e9) + 12 x 126 x 16384 x 8192 = 2.03e11.
+    dense = flops.dense_flops_per_token(L405)
+    attention = flops.attention_flops_per_token(L405, 8192)
+    assert dense == pytest.approx(2.43e12, rel=0.01)
+    assert attention == 12 * 126 * 16384 * 8192 == pytest.approx(2.0e11, rel=0.02)
+    assert flops.flops_per_token(L405, 8192) == dense + attention
+    # at 131,072 tokens the attention square dominates: 16x the 8K term
+    assert flops.attention_flops_per_token(L405, 131072) == 16 * attention
+
+
+def test_hardware_flops_with_recompute():
+    s = 4096
+    model_flops = flops.flops_per_token(L405, s)
+    attention = flops.attention_flops_per_token(L405, s)
+    assert flops.hardware_flops_per_token(L405, s, "none") == model_flops
+    # selective: the attention core's forward again (a third of its forward + backward)
+    assert flops.hardware_flops_per_token(L405, s, "selective") == pytest.approx(model_flops + attention / 3)
+    # full: the whole forward again: fwd is 1/3 of fwd + bwd, so 4/3 of the model FLOPs
+    assert flops.hardware_flops_per_token(L405, s, "full") == pytest.approx(model_flops * 4 / 3)
+    with pytest.raises(ValueError, match="--recompute"):
+        flops.hardware_flops_per_token(L405, s, "some")
+
+
+def test_mfu_definition():
+    per_token = flops.flops_per_token(L405, 8192)
+    # 8 GPUs doing exactly half their peak worth of model FLOPs
+    tps = 0.5 * 8 * 989e12 / per_token
+    assert flops.mfu(tps, L405, 8192, 989e12, n_devices=8) == pytest.approx(0.5)
+    assert flops.mfu(tps, L405, 8192, None) is None
+    assert flops.hfu(tps, L405, 8192, 989e12, 8, recompute="full") == pytest.approx(0.5 * 4 / 3)
+    # Llama 3's Table 4, row 1 in its own units: 430 TFLOP/s per GPU on 989 = 43%
+    assert 430 / 989 == pytest.approx(0.43, abs=0.005)
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GH200 480GB", 989e12), ("Tesla V100-SXM2-16GB", 125e12),
+])
+def test_gpu_peak_table(name, peak):
+    assert flops.gpu_peak_flops(name) == peak
+
+
+def test_gpu_peak_table_unknown_and_fp32():
+    assert flops.gpu_peak_flops("Imaginary GPU 9000") is None
+    assert flops.gpu_peak_flops("NVIDIA A100-SXM4-40GB", "fp32") == 19.5e12
+
+
+def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIPAR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops, "_CPU_PEAK", {})
+    calls = []
+    monkeypatch.setattr(flops, "measure_matmul_flops", lambda seconds=0.5: calls.append(1) or 1.5e10)
+    assert flops.peak_flops("cpu") == 1.5e10
+    assert flops.peak_flops("cpu") == 1.5e10          # in-process cache
+    assert len(calls) == 1
+    cached = json.loads((tmp_path / "cpu_peak_flops.json").read_text())
+    assert list(cached.values()) == [1.5e10]
+    (key,) = cached
+    assert "threads=" in key                           # keyed by CPU model and thread count
+    monkeypatch.setattr(flops, "_CPU_PEAK", {})         # a new process: the file cache answers
+    assert flops.peak_flops("cpu") == 1.5e10
+    assert len(calls) == 1
+
+
+def test_matmul_benchmark_is_plausible():
+    # any CPU of the last decade does more than 0.1 GFLOP/s and less than 100 TFLOP/s in fp32
+    rate = flops.measure_matmul_flops(seconds=0.05, n=256)
+    assert 1e8 < rate < 1e14 and math.isfinite(rate)
