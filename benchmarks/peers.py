@@ -218,6 +218,93 @@ def tp_vs_dtensor(quick):
     return result(ours, theirs, ranks=2, model=BENCH_MODEL, batch=batch, seq=seq)
 
 
+# ---------------------------------------------------------------- pipeline parallel peers
+class _NoDataParallel:
+    """The executor tells data parallelism when the last micro-batch comes; with one
+    pipeline and no DP there is nobody to tell."""
+
+    def set_last_microbatch(self, last: bool):
+        pass
+
+
+def _pp_rank(n_steps: int, batch: int, seq: int, n_micro: int):
+    """On each rank: minipar's executor running 1F1B against torch.distributed.pipelining
+    (`PipelineStage` + `Schedule1F1B`) on the same stage modules (same layers, weights and
+    micro-batches), forward + backward + AdamW, steps alternating ours / theirs."""
+    import time
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from minipar import comm
+    from minipar.config import ModelConfig, ParallelConfig
+    from minipar.grid import ProcessGrid
+    from minipar.model import cross_entropy_sum
+    from minipar.parallel.pipeline import build_stage_modules, pipeline_forward_backward
+
+    cfg = ModelConfig(**BENCH_MODEL)
+    p, r = dist.get_world_size(), dist.get_rank()
+    grid = ProcessGrid(pp=p, rank=r).init_groups()
+    pcfg = ParallelConfig(pp=p, schedule="1f1b", microbatches=n_micro)
+    tokens = _bench_data(batch, seq)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    n_tokens = batch * seq
+
+    def loss_fn(logits, targets):        # the executor divides the sum by n_tokens itself
+        return cross_entropy_sum(logits, targets) / n_tokens
+
+    parts = build_stage_modules(cfg, pcfg, grid, seed=0)
+    opt = torch.optim.AdamW([w for m in parts for w in m.parameters()], lr=1e-4)
+    micro = list(tokens.chunk(n_micro))
+
+    def ours():
+        opt.zero_grad(set_to_none=True)
+        pipeline_forward_backward(parts, micro, cross_entropy_sum, n_tokens, _NoDataParallel(),
+                                  pcfg, grid)
+        opt.step()
+
+    (peer_module,) = build_stage_modules(cfg, pcfg, grid, seed=0)
+    stage = PipelineStage(peer_module, r, p, torch.device("cpu"), group=grid.pp.group)
+    schedule = Schedule1F1B(stage, n_micro, loss_fn=loss_fn, scale_grads=False)
+    peer_opt = torch.optim.AdamW(peer_module.parameters(), lr=1e-4)
+
+    def theirs():
+        peer_opt.zero_grad(set_to_none=True)
+        if r == 0:
+            schedule.step(x)
+        elif r == p - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        peer_opt.step()
+
+    times = {ours: [], theirs: []}
+    with comm.paused():
+        for _ in range(n_steps):
+            for step in (ours, theirs):
+                dist.barrier()
+                t0 = time.perf_counter()
+                step()
+                times[step].append(time.perf_counter() - t0)
+    # both trained the same steps on the same data: a check that they did the same work
+    diff = max((a - b).abs().max().item()
+               for a, b in zip(parts[0].parameters(), peer_module.parameters()))
+    return median_step_time(times[ours]), median_step_time(times[theirs]), diff
+
+
+@peer("pp_vs_torch_pipelining")
+def pp_vs_torch_pipelining(quick):
+    """minipar's pipeline executor (1F1B) vs torch.distributed.pipelining's Schedule1F1B."""
+    from minipar import launch
+    ranks, n_micro = (2, 4) if quick else (4, 8)
+    n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
+    res = launch.run_local(_pp_rank, ranks, n_steps, batch, seq, n_micro, timeout_s=300)
+    ours = max(r[0] for r in res)        # a step is as slow as its slowest rank
+    theirs = max(r[1] for r in res)
+    return result(ours, theirs, ranks=ranks, microbatches=n_micro, schedule="1f1b",
+                  model=BENCH_MODEL, batch=batch, seq=seq,
+                  weights_max_abs_diff=max(r[2] for r in res))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="benchmarks/peers.py")
     ap.add_argument("--quick", action="store_true", help="fewer steps (CI-sized)")

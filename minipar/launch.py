@@ -94,6 +94,10 @@ def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s:
     # CUDA cannot be used in a forked child once the parent touched it: spawn for NCCL.
     method = start_method or ("spawn" if backend == "nccl" else "fork")
     ctx = mp.get_context(method)
+    if method == "fork":
+        # torch.optim's constructors import torch._dynamo lazily: seconds per process. Done
+        # once here, every forked rank inherits it instead of importing it on its own.
+        import torch._dynamo  # noqa: F401
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True,

@@ -1,0 +1,330 @@
+"""Tensor parallelism: every weight matrix of a layer split over the t ranks of one server.
+
+Megatron-LM's layout (Shoeybi et al. 2019). A linear layer y = x A^T can be split two ways:
+
+    column-parallel   rank r holds rows r of A (a slice of the *output* features):
+                      y_r = x A_r^T needs the whole x and yields a slice of y.
+    row-parallel      rank r holds columns r of A (a slice of the *input* features):
+                      y = sum_r x_r A_r^T needs a slice of x and yields a partial sum of y.
+
+Put a column-parallel layer first and a row-parallel one second, and the slice the first
+produces is exactly the slice the second consumes: attention splits its heads (q, k, v
+column-parallel, o row-parallel; grouped-query K/V heads are split too), the MLP its hidden
+units (gate, up column-parallel, down row-parallel). Each block then needs one collective in
+and one out, Megatron's conjugate pair from `comm`:
+
+    f  enter   forward identity      backward all-reduce   (x is whole on every rank)
+    g  exit    forward all-reduce    backward identity     (the partial sums add up)
+
+Sequence parallelism (`sp`, Korthikanti et al. 2022) notices that between the blocks, where
+norms and residual adds run on a *replicated* activation, every rank does the same work on
+the same [b, s, h] tensor. Shard it along the sequence instead: f becomes an all-gather of
+the sequence and g a reduce-scatter. An all-reduce *is* a reduce-scatter followed by an
+all-gather, so the bytes on the wire are the same; the norms and residuals now cost 1/t.
+
+The embedding and the output head are split along the vocabulary (Llama 3's 128K rows are
+2 GB in bf16), and the loss is computed from each rank's slice of the logits without ever
+gathering them: `vocab_parallel_cross_entropy_sum`.
+
+`apply_tensor_parallel` turns the reference model into this, in place, by the table
+`TP_PLAN`: module name pattern -> style. Its weights are the reference's, sliced.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import comm
+from ..config import ModelConfig
+from ..grid import Axis
+from . import mark_replica
+
+SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
+
+
+# ----------------------------------------------------------------- entering and leaving
+def enter_tp(x, axis: Axis, sp: bool):
+    """Make the block's input whole on every rank: f (identity forward, all-reduce of the
+    gradient backward), or under SP the all-gather of the sequence shards."""
+    if not sp:
+        return comm.copy_to_group(x, axis)
+    # The gathered [b, s, h] arrives as a strided view (the ranks' pieces are stacked along
+    # dim 0). Made contiguous once here, q, k and v share one copy, for compute and for the
+    # tensors saved for backward; else each linear would copy (and save) its own. Megatron
+    # keeps activations as [s, b, h] so that the sequence dim is the outer one.
+    return comm.gather_from_group(x, axis, SEQ_DIM).contiguous()
+
+
+def exit_tp(x, axis: Axis, sp: bool):
+    """Sum the ranks' partial outputs: g (all-reduce forward), or under SP a reduce-scatter
+    that leaves each rank the sum for its own slice of the sequence."""
+    return comm.reduce_scatter_to_group(x, axis, SEQ_DIM) if sp else comm.reduce_from_group(x, axis)
+
+
+def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
+    """This rank's 1/t of `full` along `dim`, as a parameter of its own; `_tp_dim` records
+    the split so the shard can be compared with a slice of the reference gradient."""
+    piece = full.detach().chunk(axis.size, dim=dim)[axis.rank]
+    p = nn.Parameter(piece.clone(memory_format=torch.contiguous_format))
+    p._tp_dim = dim
+    return p
+
+
+def sum_grad_over_tp(p: nn.Parameter, axis: Axis) -> nn.Parameter:
+    """Under SP a replicated weight (a norm's, a row-parallel bias) meets only this rank's
+    tokens, so its gradient is a partial sum. Add the other ranks' parts the moment it is computed, before it is
+    accumulated into p.grad, so that data parallelism, clipping and the optimizer all see
+    the full gradient (a tensor hook runs before the post-accumulate hooks DP uses)."""
+    def total(g):
+        return comm.all_reduce(g.contiguous().clone(), axis)
+    p.register_hook(total)
+    return p
+
+
+# ------------------------------------------------------------------------ the layers
+class ColumnParallelLinear(nn.Module):
+    """y_r = x A_r^T (+ b_r): this rank's slice of the output features.
+
+    `enters`: this layer brings its own input into the TP region (f, or the SP all-gather).
+    False when its parent did that once for several siblings that read the same input
+    (q, k, v; gate, up): one collective per block, not one per matrix.
+    """
+
+    def __init__(self, linear: nn.Linear, axis: Axis, enters: bool = True, sp: bool = False):
+        super().__init__()
+        if linear.out_features % axis.size:
+            raise ValueError(f"--tp {axis.size} does not divide out_features={linear.out_features}")
+        self.axis, self.enters, self.sp = axis, enters, sp
+        self.in_features, self.out_features = linear.in_features, linear.out_features // axis.size
+        self.weight = shard_param(linear.weight, axis, dim=0)
+        self.bias = shard_param(linear.bias, axis, dim=0) if linear.bias is not None else None
+
+    def forward(self, x):
+        if self.enters:
+            x = enter_tp(x, self.axis, self.sp)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = g(x_r A_r^T) + b: this rank's slice of the input features in, the sum out.
+
+    The bias is added after the reduction: added before, it would be counted t times.
+    """
+
+    def __init__(self, linear: nn.Linear, axis: Axis, sp: bool = False):
+        super().__init__()
+        if linear.in_features % axis.size:
+            raise ValueError(f"--tp {axis.size} does not divide in_features={linear.in_features}")
+        self.axis, self.sp = axis, sp
+        self.in_features, self.out_features = linear.in_features // axis.size, linear.out_features
+        self.weight = shard_param(linear.weight, axis, dim=1)
+        self.bias = None
+        if linear.bias is not None:     # replicated; under SP it meets only this rank's tokens
+            self.bias = mark_replica(nn.Parameter(linear.bias.detach().clone()), "tp")
+            if sp:
+                sum_grad_over_tp(self.bias, axis)
+
+    def forward(self, x):
+        y = exit_tp(F.linear(x, self.weight), self.axis, self.sp)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rank r holds rows [r V/t, (r+1) V/t) of the table. Each rank looks up the tokens that
+    fall in its rows, writes zeros for the others, and the ranks' results are summed (g; a
+    reduce-scatter along the sequence under SP). The gradient of each row is local."""
+
+    def __init__(self, embedding: nn.Embedding, axis: Axis, sp: bool = False):
+        super().__init__()
+        vocab = embedding.num_embeddings
+        if vocab % axis.size:
+            raise ValueError(f"--tp {axis.size} does not divide vocab_size={vocab}")
+        self.axis, self.sp = axis, sp
+        self.rows = vocab // axis.size
+        self.start = axis.rank * self.rows
+        self.weight = shard_param(embedding.weight, axis, dim=0)
+
+    def forward(self, tokens):
+        local = tokens - self.start
+        outside = (local < 0) | (local >= self.rows)
+        h = F.embedding(local.masked_fill(outside, 0), self.weight)
+        h = h.masked_fill(outside.unsqueeze(-1), 0.0)
+        return exit_tp(h, self.axis, self.sp)
+
+
+# ------------------------------------------------------------------------ the plan
+# Module name (fnmatch pattern, `*` = any layer index) -> how it is split.
+#   vocab_embedding  rows of the table split over the vocabulary, output summed (g / RS)
+#   replicated       the same weight on every rank (norms); under SP its input is sharded
+#   enter            the block's input enters the TP region once: f, or the SP all-gather
+#   colwise          column-parallel, input already entered by its parent
+#   rowwise          row-parallel, output summed (g) or reduce-scattered (SP)
+#   head             column-parallel over the vocabulary, entering by itself; its logits
+#                    stay split for the vocab-parallel loss
+TP_PLAN: tuple[tuple[str, str], ...] = (
+    ("embed_tokens",                      "vocab_embedding"),
+    ("layers.*.input_layernorm",          "replicated"),
+    ("layers.*.self_attn",                "enter"),
+    ("layers.*.self_attn.q_proj",         "colwise"),
+    ("layers.*.self_attn.k_proj",         "colwise"),
+    ("layers.*.self_attn.v_proj",         "colwise"),
+    ("layers.*.self_attn.o_proj",         "rowwise"),
+    ("layers.*.post_attention_layernorm", "replicated"),
+    ("layers.*.mlp",                      "enter"),
+    ("layers.*.mlp.gate_proj",            "colwise"),
+    ("layers.*.mlp.up_proj",              "colwise"),
+    ("layers.*.mlp.down_proj",            "rowwise"),
+    ("norm",                              "replicated"),
+    ("lm_head",                           "head"),
+)
+
+
+def style_of(name: str, plan=TP_PLAN) -> str | None:
+    for pattern, style in plan:
+        if fnmatch.fnmatchcase(name, pattern):
+            return style
+    return None
+
+
+# The dimension each style splits its weight along (colwise: output features, rowwise: input
+# features, the vocabulary: rows). Biases of row-parallel layers are replicated.
+SHARD_DIM = {"vocab_embedding": 0, "colwise": 0, "head": 0, "rowwise": 1}
+
+
+def shard_dim(param_name: str, plan=TP_PLAN) -> int | None:
+    """Along which dim `apply_tensor_parallel` splits the parameter of this (reference)
+    name; None: replicated on every TP rank."""
+    module, _, leaf = param_name.rpartition(".")
+    dim = SHARD_DIM.get(style_of(module, plan))
+    return None if (leaf == "bias" and dim == 1) else dim
+
+
+def _replicated(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+    for p in module.parameters(recurse=False):
+        mark_replica(p, "tp")
+        if sp:
+            sum_grad_over_tp(p, axis)
+    return module
+
+
+def _enter(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+    def pre_hook(mod, args):
+        x, *rest = args
+        return (enter_tp(x, axis, sp), *rest)
+    module.register_forward_pre_hook(pre_hook)
+    return module
+
+
+STYLES = {
+    "vocab_embedding": lambda m, axis, sp: VocabParallelEmbedding(m, axis, sp),
+    "replicated": _replicated,
+    "enter": _enter,
+    "colwise": lambda m, axis, sp: ColumnParallelLinear(m, axis, enters=False, sp=sp),
+    "rowwise": lambda m, axis, sp: RowParallelLinear(m, axis, sp),
+    "head": lambda m, axis, sp: ColumnParallelLinear(m, axis, enters=True, sp=sp),
+}
+
+
+def apply_tensor_parallel(model: nn.Module, tp_axis: Axis, sp: bool = False, plan=TP_PLAN):
+    """Split `model` (the reference Transformer, or a pipeline stage of it) over `tp_axis`,
+    in place, by `plan`; return it. Modules the plan does not name are left alone."""
+    tied = getattr(model, "lm_head", None) is not None and getattr(model, "embed_tokens", None) \
+        is not None and model.lm_head.weight is model.embed_tokens.weight
+    for name, module in list(model.named_modules()):
+        style = style_of(name, plan)
+        if style is None:
+            continue
+        new = STYLES[style](module, tp_axis, sp)
+        if new is not module:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+    if tied:      # embedding and head split the same way (rows = vocabulary): one shard
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
+
+
+# ------------------------------------------------------------------------ the loss
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Sum over tokens of  log sum_v exp(z_v) - z_target,  where each rank holds 1/t of the
+    vocabulary's logits z. Three all-reduces of one number per token: the max (for a stable
+    exp), the sum of exponentials, and the target's logit (it lives on one rank only). The
+    gradient, softmax(z) - onehot(target), is local to each rank's slice: no backward traffic."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, axis):
+        z = logits.float()
+        n_local = z.shape[-1]
+        m = z.max(dim=-1, keepdim=True).values
+        comm.all_reduce(m, axis, op="max")
+        z = z - m
+        local = targets.unsqueeze(-1) - axis.rank * n_local
+        mine = (local >= 0) & (local < n_local)
+        local = local.clamp(0, n_local - 1)
+        target_logit = z.gather(-1, local) * mine
+        exp = z.exp()
+        sum_exp = exp.sum(dim=-1, keepdim=True)
+        comm.all_reduce(sum_exp, axis)
+        comm.all_reduce(target_logit, axis)
+        ctx.save_for_backward(exp.div_(sum_exp), local, mine)
+        ctx.dtype = logits.dtype
+        return (sum_exp.log() - target_logit).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, local, mine = ctx.saved_tensors
+        grad = softmax.scatter_add(-1, local, -mine.to(softmax.dtype))
+        return (grad * g).to(ctx.dtype), None, None
+
+
+def vocab_parallel_cross_entropy_sum(logits_local, targets, tp_axis: Axis):
+    """Sum of token losses from this rank's vocabulary slice of the logits [..., V/t];
+    the same value on every TP rank. Never gathers the [..., V] logits."""
+    if tp_axis.size == 1:
+        from ..model import cross_entropy_sum
+        return cross_entropy_sum(logits_local, targets)
+    return _VocabParallelCrossEntropy.apply(logits_local, targets, tp_axis)
+
+
+# ------------------------------------------------------------------------ the bytes
+def tp_wire_bytes_breakdown(cfg: ModelConfig, b: int, s: int, t: int, sp: bool = False,
+                            n_micro: int = 1, layers: int | None = None, first: bool = True,
+                            last: bool = True, act_bytes: int = 4, param_bytes: int = 4) -> dict:
+    """Bytes one TP rank sends per step, by source, under the ring algorithm.
+
+    b sequences per micro-batch, s tokens of each that this rank's TP group sees (seq_len /
+    cp), t = TP degree, `layers` blocks held (default: all), first/last pipeline stage.
+    With A = b s h act_bytes, one all-reduce of A sends 2 (t-1)/t A, one all-gather or
+    reduce-scatter (t-1)/t A. Per micro-batch:
+
+      layers     4 all-reduces per block (f, g for attention and for the MLP, forward and
+                 backward): 8 (t-1)/t A each.  SP: 4 all-gathers + 4 reduce-scatters, the same.
+      embedding  g forward: 2 (t-1)/t A.  SP: reduce-scatter forward, all-gather backward.
+      head       f backward: 2 (t-1)/t A.  SP: all-gather forward, reduce-scatter backward.
+      loss       3 all-reduces of b s float32 numbers: 6 (t-1)/t b s 4.
+      norms      SP only: the partial gradient of each norm weight (2 per block, the final
+                 norm) is all-reduced: 2 (t-1)/t h param_bytes each.
+    """
+    if t == 1:
+        return dict.fromkeys(("layers", "embedding", "head", "loss", "norms"), 0)
+    layers = cfg.n_layers if layers is None else layers
+    A = b * s * cfg.dim * act_bytes
+
+    def ring(nbytes):                    # one all-gather or one reduce-scatter; half an all-reduce
+        return (t - 1) * nbytes // t
+    per_micro = {
+        "layers": layers * 8 * ring(A),
+        "embedding": 2 * ring(A) if first else 0,
+        "head": 2 * ring(A) if last else 0,
+        "loss": 3 * 2 * ring(b * s * 4) if last else 0,
+        "norms": (2 * layers + last) * 2 * ring(cfg.dim * param_bytes) if sp else 0,
+    }
+    return {k: n_micro * v for k, v in per_micro.items()}
+
+
+def tp_wire_bytes_per_step(cfg: ModelConfig, b: int, s: int, t: int, sp: bool = False,
+                           n_micro: int = 1, **kw) -> int:
+    """Total of `tp_wire_bytes_breakdown`: what CommLog measures under "tp" in one step."""
+    return sum(tp_wire_bytes_breakdown(cfg, b, s, t, sp, n_micro, **kw).values())
