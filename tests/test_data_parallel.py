@@ -82,3 +82,39 @@ def test_memory_per_rank_follows_the_zero_stage(zero, n):
             assert abs(m[kind] - w) <= slack, (kind, m[kind], w)
         if w < P * (2 if kind == "optimizer" else 1):
             assert sum(m[kind] for m in mem) == (2 * P if kind == "optimizer" else P)
+
+
+def _timeline_rank(zero):
+    import torch.distributed as dist
+    from minipar.config import ModelConfig
+    from minipar.grid import ProcessGrid
+    from minipar.model import Transformer, cross_entropy_sum
+    from minipar.parallel.data import DataParallel
+    from minipar.train import zero3_units
+    import torch
+    grid = ProcessGrid(dp=2, rank=dist.get_rank()).init_groups()
+    model = Transformer(ModelConfig.preset("tiny"), seed=0)
+    dp = DataParallel([model], grid.dp_cp, zero=zero, bucket_mb=0.2, units=zero3_units([model]))
+    x = torch.randint(0, 256, (2, 17))
+
+    def step():
+        dp.start_step()
+        cross_entropy_sum(model(x[:, :-1]), x[:, 1:]).backward()
+        dp.finish_backward()
+        dp.step(1e-3)
+    step()
+    off = dp.timeline
+    dp.timeline = []
+    step()
+    return off, dp.timeline, len(dp.buckets)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_overlap_timeline_is_off_by_default_and_complete_when_on(zero):
+    from minipar import launch
+    for off, events, n_buckets in launch.run_local(_timeline_rank, 2, zero):
+        assert off is None
+        for kind in ("launch", "done"):
+            assert sorted(i for k, i, _ in events if k == kind) == list(range(n_buckets)), kind
+        launched = {i: t for k, i, t in events if k == "launch"}
+        assert all(t >= launched[i] for k, i, t in events if k == "done")

@@ -294,9 +294,12 @@ class DataParallel:
         i, work = self.buckets.index(b), b.pending[1]
         work = getattr(work, "work", work)          # reduce-scatter comes wrapped in _Deferred
         self.timeline.append(("launch", i, time.perf_counter()))
-        if work is not None:
-            work.get_future().add_done_callback(
-                lambda _, i=i: self.timeline.append(("complete", i, time.perf_counter())))
+        try:
+            future = work.get_future()
+        except (AttributeError, RuntimeError):   # gloo's reduce-scatter has none: no "complete"
+            return
+        future.add_done_callback(
+            lambda _, i=i: self.timeline.append(("complete", i, time.perf_counter())))
 
     def finish_backward(self):
         """After the last backward of the step: every gradient (or my piece of it) summed."""
