@@ -37,6 +37,25 @@ def result(minipar_s: float, peer_s: float, **extra) -> dict:
     return {"minipar_s": minipar_s, "peer_s": peer_s, "ratio": minipar_s / peer_s, **extra}
 
 
+def time_alternating(ours, theirs, n_steps: int) -> tuple[float, float]:
+    """Median step time of each, running them in turns (ours, theirs, ours, ...) so that a
+    change in the machine's load hits both alike. Each step starts at a barrier; CommLog
+    is paused so counting costs neither side anything."""
+    import time
+    import torch.distributed as dist
+    from minipar import comm
+
+    times = {ours: [], theirs: []}
+    with comm.paused():
+        for _ in range(n_steps):
+            for step in (ours, theirs):
+                dist.barrier()
+                t0 = time.perf_counter()
+                step()
+                times[step].append(time.perf_counter() - t0)
+    return median_step_time(times[ours]), median_step_time(times[theirs])
+
+
 # Peers are registered below, one section per axis: dp_vs_ddp, zero3_vs_fsdp2 (data),
 # tp_vs_dtensor (tensor), pp_vs_torch_pipelining (pipeline).
 
@@ -51,24 +70,11 @@ def _bench_data(batch, seq):
     return torch.randint(0, BENCH_MODEL["vocab_size"], (batch, seq + 1), generator=g)
 
 
-def _time_steps(step, n_steps):
-    import time
-    import torch.distributed as dist
-    times = []
-    for _ in range(n_steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return median_step_time(times)
-
-
 def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
     """On each rank: time minipar's DataParallel (ZeRO `zero`) and PyTorch's peer (DDP for
-    zero 0, FSDP2 for zero 3) on the same model, data and world, alternating nothing else."""
+    zero 0, FSDP2 for zero 3) on the same model, data and world, steps alternating ours / theirs."""
     import torch
     import torch.distributed as dist
-    from minipar import comm
     from minipar.config import ModelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
@@ -108,10 +114,7 @@ def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
         (cross_entropy_sum(wrapped(x), y) / n_tokens * n).backward()
         opt.step()
 
-    with comm.paused():
-        ours_s = _time_steps(ours, n_steps)
-        theirs_s = _time_steps(theirs, n_steps)
-    return ours_s, theirs_s
+    return time_alternating(ours, theirs, n_steps)
 
 
 def _dp_peer(zero, quick):
@@ -158,13 +161,11 @@ def _tp_rank(n_steps: int, batch: int, seq: int):
     """On each rank: minipar's `apply_tensor_parallel` against `parallelize_module` on a
     DeviceMesh, the same model and tokens, forward + backward + AdamW. Steps alternate
     (ours, theirs, ours, ...) so that load from elsewhere on the machine hits both alike."""
-    import time
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-    from minipar import comm
     from minipar.config import ModelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer
@@ -196,15 +197,7 @@ def _tp_rank(n_steps: int, batch: int, seq: int):
             (F.cross_entropy(logits, y.reshape(-1), reduction="sum") / n_tokens).backward()
         peer_opt.step()
 
-    times = {ours: [], theirs: []}
-    with comm.paused():
-        for _ in range(n_steps):
-            for step in (ours, theirs):
-                dist.barrier()
-                t0 = time.perf_counter()
-                step()
-                times[step].append(time.perf_counter() - t0)
-    return median_step_time(times[ours]), median_step_time(times[theirs])
+    return time_alternating(ours, theirs, n_steps)
 
 
 @peer("tp_vs_dtensor")
@@ -231,11 +224,9 @@ def _pp_rank(n_steps: int, batch: int, seq: int, n_micro: int):
     """On each rank: minipar's executor running 1F1B against torch.distributed.pipelining
     (`PipelineStage` + `Schedule1F1B`) on the same stage modules (same layers, weights and
     micro-batches), forward + backward + AdamW, steps alternating ours / theirs."""
-    import time
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from minipar import comm
     from minipar.config import ModelConfig, ParallelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import cross_entropy_sum
@@ -277,18 +268,11 @@ def _pp_rank(n_steps: int, batch: int, seq: int, n_micro: int):
             schedule.step()
         peer_opt.step()
 
-    times = {ours: [], theirs: []}
-    with comm.paused():
-        for _ in range(n_steps):
-            for step in (ours, theirs):
-                dist.barrier()
-                t0 = time.perf_counter()
-                step()
-                times[step].append(time.perf_counter() - t0)
+    ours_s, theirs_s = time_alternating(ours, theirs, n_steps)
     # both trained the same steps on the same data: a check that they did the same work
     diff = max((a - b).abs().max().item()
                for a, b in zip(parts[0].parameters(), peer_module.parameters()))
-    return median_step_time(times[ours]), median_step_time(times[theirs]), diff
+    return ours_s, theirs_s, diff
 
 
 @peer("pp_vs_torch_pipelining")
