@@ -93,19 +93,24 @@ class Bucket:
         self.piece_grads = None   # ... and of each gradient, once reduce-scattered
 
 
+FIRST_BUCKET_MB = 1.0
+
+
 def make_buckets(params: list[nn.Parameter], bucket_mb: float, n: int) -> list[Bucket]:
     """Group parameters, last-used first, into buckets of about `bucket_mb` megabytes.
+    The first bucket is at most 1 MB (as in DDP): the output layer's gradients arrive
+    first, and a small bucket starts the communication while most of backward remains.
     bucket_mb = 0: one bucket per parameter (the naive version)."""
     if bucket_mb == 0:
         return [Bucket([p], n) for p in reversed(params)]
-    limit = bucket_mb * 2**20
+    limit = min(bucket_mb, FIRST_BUCKET_MB) * 2**20
     buckets, current, size = [], [], 0
     for p in reversed(params):
         current.append(p)
         size += p.numel() * p.element_size()
         if size >= limit:
             buckets.append(Bucket(current, n))
-            current, size = [], 0
+            current, size, limit = [], 0, bucket_mb * 2**20
     if current:
         buckets.append(Bucket(current, n))
     return buckets
