@@ -120,7 +120,7 @@ def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False
     """Concatenate every rank's `t` along `dim` (rank order). Returns the gathered tensor,
     or (tensor, work) with async_op."""
     if axis.size == 1:
-        return (t, None) if async_op else t
+        return _Deferred(None, lambda: t) if async_op else t
     inp = t.movedim(dim, 0).contiguous()
     out = torch.empty((axis.size * inp.shape[0], *inp.shape[1:]), dtype=t.dtype, device=t.device)
     work, sec = _timed(_all_gather_flat, out, inp, group=axis.group, async_op=async_op)

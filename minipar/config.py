@@ -186,10 +186,6 @@ class ParallelConfig:
         if self.virtual_stages > 1 and self.pp == 1:
             out.append(f"--virtual-stages {self.virtual_stages} needs --pp > 1 "
                        "(the chunks go round the pipeline ranks)")
-        if self.pp > 1 and self.schedule == "zb" and self.zero == 3:
-            out.append("--schedule zb does not run with --zero 3: its deferred weight gradients "
-                       "(W) would accumulate into parameters ZeRO-3 has already freed; "
-                       "use --zero 2 or another schedule")
         return out
 
     def validate(self, model: ModelConfig, seq_len: int, global_batch: int) -> "ParallelConfig":

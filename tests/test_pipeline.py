@@ -278,9 +278,12 @@ def test_activation_memory_afab_against_1f1b(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_pipeline_with_data_parallel_and_zero(tmp_path_factory):
+@pytest.mark.parametrize("schedule,zero", [("1f1b", 1), ("zb", 3), ("interleaved", 3)])
+def test_pipeline_with_data_parallel_and_zero(tmp_path_factory, schedule, zero):
     ref = reference(steps=STEPS)
-    out = _run(tmp_path_factory, 2, "1f1b", 2, 1, dp=2, zero=1, bucket_mb=0.01)
+    # zb with ZeRO-3: W runs after a later forward has freed the weights; they are gathered again
+    v = 2 if schedule == "interleaved" else 1
+    out = _run(tmp_path_factory, 2, schedule, 2, v, dp=2, zero=zero, bucket_mb=0.01)
     assert_same_losses(out, ref)
     for name, held in _grads_by_name(out).items():
         assert len(held) == 2, name                      # one copy per DP rank
@@ -343,7 +346,6 @@ def test_tied_embeddings_stay_in_sync_across_first_and_last_stage(tied_preset):
     (["--pp", "2", "--schedule", "1f1b", "--virtual-stages", "2"],
      "--virtual-stages 2", "needs --schedule interleaved"),
     (["--schedule", "interleaved", "--virtual-stages", "2"], "--virtual-stages 2", "needs --pp > 1"),
-    (["--pp", "2", "--dp", "2", "--zero", "3", "--schedule", "zb"], "--zero 3", "schedule zb"),
     (["--pp", "2", "--schedule", "gpipe"], "--schedule 'gpipe'", "unknown"),
 ])
 def test_cli_rejects_bad_pipelines(capsys, argv, flag, rule):

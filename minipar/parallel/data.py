@@ -212,9 +212,20 @@ class DataParallel:
         if packed is not None:
             for p, f in zip(b.params, b.layout.unpack(packed)):
                 p.data = f
-        nxt = b.neighbours[1 if direction > 0 else 0]
+        nxt = b.neighbours[1 if direction > 0 else 0] if direction else None
         if nxt is not None and nxt.gathering is None and not self._gathered(nxt):
             nxt.gathering = comm.all_gather(nxt.layout.pad_pieces(nxt.pieces), self.axis, async_op=True)
+
+    def gather_module(self, module: nn.Module):
+        """ZeRO-3: make every unit inside `module` whole again. Zero-bubble's W computes
+        weight gradients long after B, and a forward of another micro-batch in between
+        has freed the weights W needs."""
+        if self.zero != 3:
+            return
+        mine = {id(p) for p in module.parameters()}
+        for b in self.buckets:
+            if id(b.params[0]) in mine:
+                self._gather_params(b, 0)
 
     def _after_forward(self, b: Bucket, out):
         self._free_params(b)
@@ -338,6 +349,11 @@ class DataParallel:
             for x, g in zip(b.pieces, grads):
                 x.grad = g * grad_scale
         self.optimizer.step()
+        for b in self.buckets:
+            if b.gathering is not None:
+                # a prefetch still in flight carries the weights from before this update
+                b.gathering.wait()
+                b.gathering = None
         if self.zero < 3:
             # each rank updated its pieces in place; everyone needs the whole model again
             for b in self.buckets:

@@ -477,6 +477,7 @@ class _Pipeline:
     def weight(self, a: Action):
         key = (a.microbatch, a.chunk)
         self.dp.set_last_microbatch(a.microbatch == self.m - 1)
+        self.dp.gather_module(self.parts[a.chunk])     # ZeRO-3 may have freed them since B
         backward_weight(self.deferred.pop(key))
         del self.stash[key]          # the graph and its saved activations go with it
 
