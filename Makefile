@@ -1,19 +1,21 @@
 # minipar: two commands on a fresh machine with Python 3.11.
 #   make book   build the Jupyter Book into _build/html (executes the notebooks, cached)
 #   make test   run every test: unit, multi-process and the notebooks (nbval)
-# Both create .venv on first use. Also: make lab, make bench, make clean.
+# Both create .venv on first use. Also: make lab, make bench, make clean, and
+#   make test-html   open every page of the built book in headless Chromium (after make book)
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Extra flags for `jupyter-book build`, e.g. `make book BOOK_FLAGS=-W` for warnings as errors.
-BOOK_FLAGS ?=
+# Flags for `jupyter-book build`: warnings are errors (a broken reference or a page that
+# loads from a CDN fails the build); `--keep-going` lists all of them, not just the first.
+BOOK_FLAGS ?= -W --keep-going
 # Extra flags for pytest, e.g. `make test PYTEST_FLAGS="-m 'not slow'"`.
 PYTEST_FLAGS ?=
 
-.PHONY: venv test book lab bench clean distclean
+.PHONY: venv test book test-html vendor-mathjax lab bench clean distclean
 
 venv: $(STAMP)
 
@@ -34,6 +36,34 @@ test: $(STAMP)
 
 book: $(STAMP)
 	$(BIN)/jupyter-book build . $(BOOK_FLAGS)
+
+# The browser check of the built book: tests/html/check.mjs serves _build/html on
+# 127.0.0.1, opens every page in Debian's Chromium (/usr/bin/chromium; .ci/run installs it)
+# and fails on console errors, requests that fail or leave the machine, broken images and
+# links, and untypeset math. Screenshots of each page's first screen go to _build/screens/.
+HTML_CHECK := tests/html
+test-html: $(HTML_CHECK)/node_modules/.installed
+	@test -f _build/html/index.html || { echo "no _build/html: run make book first"; exit 1; }
+	node $(HTML_CHECK)/check.mjs _build/html _build/screens
+
+$(HTML_CHECK)/node_modules/.installed: $(HTML_CHECK)/package.json $(HTML_CHECK)/package-lock.json
+	npm ci --prefix $(HTML_CHECK) --no-audit --no-fund
+	touch $@
+
+# MathJax is vendored into book/_static/mathjax so that `make book` needs no network and
+# the pages load nothing from a CDN. This refreshes it from npm: only tex-chtml.js, the
+# fonts it asks for and the TeX extensions it autoloads (about 2 MB, not the package's 24).
+MATHJAX_VERSION := 3.2.2
+MATHJAX_DIR     := book/_static/mathjax
+vendor-mathjax:
+	rm -rf $(MATHJAX_DIR) && mkdir -p $(MATHJAX_DIR)/output/chtml/fonts $(MATHJAX_DIR)/input/tex
+	tmp=$$(mktemp -d) && cd $$tmp && npm pack --silent mathjax@$(MATHJAX_VERSION) >/dev/null \
+	  && tar -xzf mathjax-$(MATHJAX_VERSION).tgz && cd $(CURDIR) \
+	  && cp $$tmp/package/LICENSE $$tmp/package/es5/tex-chtml.js $(MATHJAX_DIR)/ \
+	  && cp -r $$tmp/package/es5/output/chtml/fonts/woff-v2 $(MATHJAX_DIR)/output/chtml/fonts/ \
+	  && cp -r $$tmp/package/es5/input/tex/extensions $(MATHJAX_DIR)/input/tex/ \
+	  && rm -rf $$tmp
+	du -sh $(MATHJAX_DIR)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks

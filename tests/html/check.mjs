@@ -1,0 +1,221 @@
+// The browser check of the built book (`make test-html`): serve _build/html on 127.0.0.1,
+// open every page in headless Chromium and fail on anything a reader would see go wrong
+// offline:
+//   - a console error or an uncaught exception;
+//   - a request that failed, returned >= 400, or left this machine (the book must be
+//     readable with no network, so any request not to 127.0.0.1 is a failure);
+//   - an image that did not load;
+//   - an internal link to a missing page, or to an anchor the page does not have;
+//   - math that MathJax did not typeset (or typeset as an error).
+// It saves a screenshot of each page's first screen under _build/screens/.
+//
+// Usage: node tests/html/check.mjs [_build/html] [_build/screens]
+// Chromium is Debian's (/usr/bin/chromium, or $CHROMIUM), driven by playwright-core.
+
+import { createServer } from "node:http";
+import { readFile, readdir, mkdir, stat } from "node:fs/promises";
+import { extname, join, relative, resolve, sep } from "node:path";
+import { chromium } from "playwright-core";
+
+const ROOT = resolve(process.argv[2] ?? "_build/html");
+const SCREENS = resolve(process.argv[3] ?? join(ROOT, "..", "screens"));
+const BROWSER = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const PAGE_TIMEOUT_MS = 30_000;
+
+// ---------------------------------------------------------------- a static file server
+
+const MIME = {
+  ".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
+  ".css": "text/css", ".json": "application/json", ".svg": "image/svg+xml",
+  ".png": "image/png", ".jpg": "image/jpeg", ".gif": "image/gif", ".ico": "image/x-icon",
+  ".woff": "font/woff", ".woff2": "font/woff2", ".ttf": "font/ttf", ".txt": "text/plain",
+};
+
+// Resolves a URL path to a file under ROOT (a folder means its index.html), or null.
+async function fileFor(urlPath) {
+  let path = join(ROOT, decodeURIComponent(urlPath));
+  if (path !== ROOT && !path.startsWith(ROOT + sep)) return null;   // no escaping the root
+  try {
+    if ((await stat(path)).isDirectory()) path = join(path, "index.html");
+    await stat(path);
+    return path;
+  } catch {
+    return null;
+  }
+}
+
+async function serve(req, res) {
+  const path = await fileFor(new URL(req.url, "http://x").pathname);
+  if (!path) { res.writeHead(404).end(); return; }
+  const type = MIME[extname(path)] ?? "application/octet-stream";
+  res.writeHead(200, { "content-type": type }).end(await readFile(path));
+}
+
+// Port 0: the system picks a free port, so two checks never collide.
+function startServer() {
+  return new Promise((ok) => {
+    const server = createServer(serve).listen(0, "127.0.0.1", () => ok(server));
+  });
+}
+
+// ---------------------------------------------------------------- the pages, one by one
+
+// Every .html page of the build, except Sphinx's copies of sources and static files.
+async function listPages(dir = ROOT) {
+  const pages = [];
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory() && !entry.name.startsWith("_")) pages.push(...await listPages(path));
+    else if (entry.isFile() && entry.name.endsWith(".html")) pages.push(relative(ROOT, path));
+  }
+  return pages.sort();
+}
+
+// Runs in the page once it has loaded: images, links, anchors and math, as the reader sees
+// them. Returns plain data; the judging happens in Node.
+function inspectPage() {
+  const images = Array.from(document.images).map((img) => ({
+    src: img.currentSrc || img.src,
+    loaded: img.complete && img.naturalWidth > 0,
+  }));
+  const links = Array.from(document.querySelectorAll("a[href]")).map((a) => a.href);
+  const ids = Array.from(document.querySelectorAll("[id]")).map((el) => el.id);
+  // Sphinx wraps every formula in .math; MathJax puts an mjx-container inside it.
+  const math = Array.from(document.querySelectorAll(".math"));
+  const untypeset = math.filter((el) => !el.querySelector("mjx-container"))
+    .map((el) => el.textContent.trim().slice(0, 60));
+  // A TeX error typesets as <mjx-merror>; an undefined macro (MathJax's noundefined) as
+  // its own name in red <mjx-mtext>. (\color{red} makes an <mjx-mstyle>, not this.)
+  const mathErrors = Array.from(document.querySelectorAll(
+    "mjx-merror, mjx-mtext[style*='color: red']"))
+    .map((el) => (el.closest("mjx-container")?.querySelector("mjx-assistive-mml")
+                  ?.textContent ?? el.textContent).trim().slice(0, 60));
+  // Math the parser never recognised is left in the prose as $...$ or \(...\): look at the
+  // text outside code, where a dollar sign is not a delimiter.
+  const prose = Array.from(document.querySelectorAll("article p, article li, article td"))
+    .filter((el) => !el.closest("pre, code, .highlight, .output, .cell_output"))
+    .map((el) => el.innerText).join("\n");
+  const rawMath = prose.match(/\$[^$\n]*\\[a-zA-Z]+[^$\n]*\$|\\\(|\\\[/g) ?? [];
+  return { images, links, ids, mathCount: math.length, untypeset, mathErrors, rawMath,
+           hasMathJax: typeof window.MathJax?.startup?.promise !== "undefined" };
+}
+
+// A page that is only a <meta http-equiv="refresh"> (Sphinx's index.html) navigates away
+// at once: check that its target exists instead of rendering it.
+async function redirectTarget(page) {
+  const html = await readFile(join(ROOT, page), "utf8");
+  return html.match(/<meta http-equiv="refresh" content="\d+;\s*url=([^"]+)"/i)?.[1];
+}
+
+async function checkPage(context, base, page, problems) {
+  const target = await redirectTarget(page);
+  if (target) {
+    const url = new URL(target, new URL(page, base));
+    if (!(await fileFor(url.pathname))) problems.push(`${page}: redirects to a missing page: ${target}`);
+    return { links: [url.href], ids: [] };
+  }
+  const tab = await context.newPage();
+  try {
+    return await inspectInBrowser(tab, base, page, problems);
+  } finally {
+    await tab.close();
+  }
+}
+
+async function inspectInBrowser(tab, base, page, problems) {
+  const report = (what) => problems.push(`${page}: ${what}`);
+  tab.on("console", (msg) => { if (msg.type() === "error") report(`console error: ${msg.text()}`); });
+  tab.on("pageerror", (err) => report(`uncaught exception: ${err.message}`));
+  tab.on("requestfailed", (req) => {
+    if (new URL(req.url()).host !== base.host) report(`request leaves the machine: ${req.url()}`);
+    else report(`request failed: ${req.url()} (${req.failure()?.errorText})`);
+  });
+  tab.on("response", (res) => { if (res.status() >= 400) report(`HTTP ${res.status()}: ${res.url()}`); });
+
+  await tab.goto(new URL(page, base).href, { waitUntil: "load", timeout: PAGE_TIMEOUT_MS });
+  // MathJax typesets after load; wait for it, then for the fonts it asks for.
+  await tab.evaluate(() => window.MathJax?.startup?.promise);
+  await tab.waitForLoadState("networkidle", { timeout: PAGE_TIMEOUT_MS });
+  // Lazy images below the fold have not loaded yet: ask for them all, and wait (a while).
+  await tab.evaluate((ms) => Promise.race([
+    Promise.all(Array.from(document.images).map((img) => {
+      img.loading = "eager";
+      return img.complete ? null : new Promise((ok) => { img.onload = img.onerror = ok; });
+    })),
+    new Promise((ok) => setTimeout(ok, ms)),
+  ]), PAGE_TIMEOUT_MS);
+
+  const seen = await tab.evaluate(inspectPage);
+  for (const img of seen.images) if (!img.loaded) report(`broken image: ${img.src}`);
+  if (seen.mathCount > 0 && !seen.hasMathJax) report("has math but MathJax did not load");
+  for (const tex of seen.untypeset) report(`math not typeset: ${tex}`);
+  for (const tex of seen.mathErrors) report(`math error: ${tex}`);
+  if (seen.rawMath.length) report(`math left as source (${seen.rawMath.length}×): ${seen.rawMath[0]}`);
+
+  // book/intro.html -> book__intro.png: one flat folder of first screens.
+  const name = page.replace(/\.html$/, "").split(sep).join("__") + ".png";
+  await tab.screenshot({ path: join(SCREENS, name) });
+  return seen;
+}
+
+// An internal link must name a file that exists and, with a #fragment, an id on that page.
+async function checkLinks(base, seenByPage, problems) {
+  for (const [page, seen] of seenByPage) {
+    for (const href of new Set(seen.links)) {
+      const url = new URL(href);
+      if (url.origin !== base.origin) continue;                     // external: not fetched
+      const file = await fileFor(url.pathname);
+      if (!file) { problems.push(`${page}: broken link: ${href}`); continue; }
+      // Anchors are known for the pages we opened (not for, say, a notebook download).
+      const ids = seenByPage.get(relative(ROOT, file))?.ids;
+      const fragment = decodeURIComponent(url.hash.slice(1));
+      if (fragment && ids && !ids.includes(fragment))
+        problems.push(`${page}: link to a missing anchor: ${href}`);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- main
+
+async function main() {
+  const pages = await listPages();
+  if (pages.length === 0) throw new Error(`no pages under ${ROOT}: run make book first`);
+  await mkdir(SCREENS, { recursive: true });
+  const server = await startServer();
+  const base = new URL(`http://127.0.0.1:${server.address().port}/`);
+
+  const browser = await chromium.launch({
+    executablePath: BROWSER,
+    headless: true,
+    // Running as root in CI needs --no-sandbox; the rest keep Chromium itself off the network.
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const problems = [];
+  // Offline means offline: a request to anywhere but this server is refused (and reported
+  // by the page's requestfailed handler), so the check passes only for a book that needs no
+  // network, even on a machine that has one.
+  await context.route("**/*", (route) =>
+    new URL(route.request().url()).host === base.host ? route.continue() : route.abort());
+
+  const seenByPage = new Map();
+  for (const page of pages) {
+    try {
+      seenByPage.set(page, await checkPage(context, base, page, problems));
+    } catch (err) {
+      problems.push(`${page}: could not be checked: ${err.message.split("\n")[0]}`);
+    }
+  }
+  await checkLinks(base, seenByPage, problems);
+  await browser.close();
+  server.close();
+
+  const failed = new Set(problems.map((p) => p.split(": ")[0]));
+  for (const problem of problems) console.log(`FAIL ${problem}`);
+  console.log(`screenshots: ${relative(process.cwd(), SCREENS)}/`);
+  console.log(`html: ${pages.length - failed.size} passed, ${failed.size} failed`);
+  process.exitCode = problems.length ? 1 : 0;
+}
+
+await main();
