@@ -470,8 +470,8 @@ def main(argv=None) -> int:
         print(f"{parser.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         print(str(e), file=sys.stderr)
         return 1
-    recs = out["records"] or []
-    if recs and (launch.in_torchrun() is False or int(os.environ.get("RANK", 0)) == 0):
+    recs = out["records"]            # None on every rank but 0 (under torchrun)
+    if recs:
         last = recs[-1]
         print(f"step {last['step']}: loss {last['loss']:.6f}  grad_norm {last['grad_norm']:.4f}  "
               f"{last['tokens_per_s']:.0f} tokens/s"
