@@ -33,6 +33,7 @@ def rank_main(steps: int, batch: int, seq_len: int, compile_blocks: bool):
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
     from minipar.parallel.data import DataParallel
+    from minipar.train import adamw
 
     n = dist.get_world_size()
     grid = ProcessGrid(dp=n, rank=dist.get_rank()).init_groups()
@@ -43,7 +44,8 @@ def rank_main(steps: int, batch: int, seq_len: int, compile_blocks: bool):
         for block in model.layers.values():
             block.compile()
     model.forward = torch.autocast("cuda", dtype=torch.bfloat16)(model.forward)
-    dp = DataParallel([model], grid.dp_cp, zero=0, bucket_mb=25, lr=1e-4)
+    dp = DataParallel([model], grid.dp_cp, bucket_mb=25)
+    optimizer = adamw(dp.optimizer_params(), lr=1e-4, weight_decay=0.1)
     g = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(0, MODEL_1B.vocab_size, (batch, seq_len + 1), generator=g).to(device)
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -55,7 +57,8 @@ def rank_main(steps: int, batch: int, seq_len: int, compile_blocks: bool):
             dp.start_step()
             (cross_entropy_sum(model(x), y) / (batch * seq_len)).backward()
             dp.finish_backward()
-            dp.step(1e-4)
+            optimizer.step()
+            dp.after_optimizer_step()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     warm = times[min(3, len(times) - 1):]

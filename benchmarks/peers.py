@@ -75,11 +75,11 @@ def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
     zero 0, FSDP2 for zero 3) on the same model, data and world, steps alternating ours / theirs."""
     import torch
     import torch.distributed as dist
-    from minipar.config import ModelConfig
+    from minipar.config import ModelConfig, ParallelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallel.data import DataParallel
-    from minipar.train import zero3_units
+    from minipar.parallelize import data_parallel, zero3_units
+    from minipar.train import adamw
 
     cfg = ModelConfig(**BENCH_MODEL)
     n = dist.get_world_size()
@@ -89,13 +89,15 @@ def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
     n_tokens = batch * seq
 
     model = Transformer(cfg, seed=0)
-    dp = DataParallel([model], grid.dp_cp, zero=zero, units=zero3_units([model]), lr=1e-4)
+    dp = data_parallel([model], grid, ParallelConfig(dp=n, zero=zero))
+    optimizer = adamw(dp.optimizer_params(), lr=1e-4, weight_decay=0.1)
 
     def ours():
         dp.start_step()
         (cross_entropy_sum(model(x), y) / n_tokens).backward()
         dp.finish_backward()
-        dp.step(1e-4)
+        optimizer.step()
+        dp.after_optimizer_step()
 
     peer_model = Transformer(cfg, seed=0)
     if zero == 0:

@@ -13,8 +13,9 @@ A checkpoint is one directory per save, named by the number of steps done:
 
 What else does a run need to continue exactly? The learning rate and the data are pure
 functions of the step (`train.lr_at`, `data.py`), so the step *is* their state. AdamW's
-state is m, v and its step count. Nothing in minipar's loop draws random numbers (no
-dropout), but the RNG state is kept for whoever adds something that does.
+state is m, v and its step count (the loop builds the optimizer and hands it to `save` and
+`load`). Nothing in minipar's loop draws random numbers (no dropout), but the RNG state is
+kept for whoever adds something that does.
 
 **Atomic.** Every rank writes into `step_000010.tmp/`; rank 0 writes the manifest last,
 renames the directory to `step_000010` (a rename is atomic) and then replaces `latest` the
@@ -28,7 +29,7 @@ flat ranges of the TP-local tensor (`FlatShards.piece_range`), pipeline stages n
 layers by global index. Loading rebuilds each full tensor from the slices that hold it and
 cuts it again the way the *new* layout cuts it, so a run saved at tp2 x pp2 resumes at
 dp2 x cp2, or ZeRO-3 resumes without ZeRO. Replicated tensors (over DP without ZeRO, over
-TP for norms) are saved once.
+TP for norms) are saved once: by the rank whose copy counts (`grid.counts`).
 
 At scale this is how a checkpoint of Llama 3 405B works too (each GPU writes its own
 state, 1 MB to 4 GB of it, in parallel); a real implementation streams tensors instead of
@@ -50,14 +51,11 @@ import torch.distributed as dist
 
 from . import comm
 from .config import ConfigError, ModelConfig
+from .parallel.data import DataParallel
 
 FORMAT = "minipar-checkpoint/1"
 MANIFEST, LATEST, HISTORY, RNG = "manifest.json", "latest", "history.jsonl", "rng.pt"
 TENSORS = ("param", "exp_avg", "exp_avg_sq")
-
-# Tests: called as after_shard_written(rank, step) once a rank has written its file, so
-# that a test can kill a rank in the middle of a save. Forked ranks inherit it.
-after_shard_written = None
 
 
 class CheckpointError(ConfigError):
@@ -166,44 +164,24 @@ def named_params(parts, model: ModelConfig) -> list[tuple[str, torch.nn.Paramete
     return [(canonical_name(n, model), p) for m in parts for n, p in m.named_parameters()]
 
 
-def held(p, dp) -> tuple[torch.Size, int, int, torch.Tensor, torch.Tensor]:
-    """What this rank holds of parameter `p`: (its TP-local shape, start, stop, the tensor
-    holding elements start:stop of it flattened, the optimizer's key for it).
-
-    Without ZeRO: all of it, the parameter itself. With ZeRO: its piece (a view of the
-    parameter at ZeRO-1/2; at ZeRO-3 the only copy, the parameter being empty between
-    steps). The optimizer's state is keyed by what it updates: the parameter or the piece.
-    """
-    if dp.zero == 0:
-        return p.shape, 0, p.numel(), p.data.view(-1), p
-    b, i = next((b, i) for b in dp.buckets for i, q in enumerate(b.params) if q is p)
-    start, stop = b.layout.piece_range(i, dp.rank)
-    return b.layout.shapes[i], start, stop, b.pieces[i], b.pieces[i]
-
-
-def saved_here(p, grid, replicated_over_dp: bool) -> bool:
-    """Copies of one tensor are saved once: by the rank with index 0 on every axis it is
-    copied along (as the gradient norm counts it once, `train.counts_here`)."""
-    axes = (*getattr(p, "_replica_axes", ()), *(("dp_cp",) if replicated_over_dp else ()))
-    return all(getattr(grid, a).rank == 0 for a in axes)
-
-
-def shard_entries(parts, dp, grid, model: ModelConfig) -> list[dict]:
+def shard_entries(parts, dp: DataParallel, optimizer, grid, model: ModelConfig) -> list[dict]:
     """This rank's slices of every parameter it saves, with AdamW's m, v and step, each
-    labelled with where it lies in the global tensor."""
+    labelled with where it lies in the global tensor. What a rank holds of a parameter is
+    `dp.shard_of(p)`: all of it, or (ZeRO) its piece. Copies of one tensor are saved once,
+    by the rank whose copy counts, as the gradient norm counts it once."""
     out = []
     for name, p in named_params(parts, model):
-        shape, start, stop, data, key = held(p, dp)
-        if start == stop or not saved_here(p, grid, dp.zero == 0):
+        shard = dp.shard_of(p)
+        if shard.start == shard.stop or not grid.counts(p, dp.holds_replicas):
             continue
         tp_dim = getattr(p, "_tp_dim", None)
-        entry = {"name": name, "shape": list(shape), "start": start, "stop": stop,
-                 "tp_dim": tp_dim,
+        entry = {"name": name, "shape": list(shard.shape), "start": shard.start,
+                 "stop": shard.stop, "tp_dim": tp_dim,
                  "tp_rank": grid.tp.rank if tp_dim is not None else 0,
                  "tp_size": grid.tp.size if tp_dim is not None else 1,
                  # a copy: a view would drag its whole storage (the full parameter) along
-                 "param": data.detach().reshape(-1).to("cpu", copy=True)}
-        state = dp.optimizer.state.get(key) or {}
+                 "param": shard.data.detach().reshape(-1).to("cpu", copy=True)}
+        state = optimizer.state.get(shard.key) or {}
         if state:
             entry["adam_step"] = float(state["step"])
             for k in ("exp_avg", "exp_avg_sq"):
@@ -305,7 +283,8 @@ def _rng_state() -> dict:
 
 
 # ================================================================ save and load
-def save(root: str, step: int, parts, dp, grid, cfg, history: list[dict]) -> str:
+def save(root: str, step: int, parts, dp: DataParallel, optimizer, grid, cfg,
+         history: list[dict]) -> str:
     """Every rank calls this after `step` steps are done; returns the checkpoint directory.
 
     Each rank writes its own file into a temporary directory; rank 0, once every rank has
@@ -322,18 +301,22 @@ def save(root: str, step: int, parts, dp, grid, cfg, history: list[dict]) -> str
             os.makedirs(tmp)
         dist.barrier()
         name = f"rank_{grid.rank:05d}.pt"
-        entries = shard_entries(parts, dp, grid, model)
-        info = _write(os.path.join(tmp, name), _torch_bytes({"rank": grid.rank, "entries": entries}))
-        info.update(rank=grid.rank, coords=grid.coords(grid.rank),
-                    names=sorted({e["name"] for e in entries}))
-        if after_shard_written is not None:
-            after_shard_written(grid.rank, step)
+        entries = shard_entries(parts, dp, optimizer, grid, model)
+        info = _write_shard(os.path.join(tmp, name), entries, grid)
         reports = [None] * grid.world_size
         dist.all_gather_object(reports, (name, info, _rng_state()))
         if grid.rank == 0:
             _commit(root, tmp, final, step, cfg, reports, history)
         dist.barrier()       # nobody goes on (or dies) before the checkpoint is complete
     return final
+
+
+def _write_shard(path: str, entries: list[dict], grid) -> dict:
+    """One rank's file; returns what the manifest records of it."""
+    info = _write(path, _torch_bytes({"rank": grid.rank, "entries": entries}))
+    info.update(rank=grid.rank, coords=grid.coords(grid.rank),
+                names=sorted({e["name"] for e in entries}))
+    return info
 
 
 def _commit(root, tmp, final, step, cfg, reports, history):
@@ -369,7 +352,8 @@ def _commit(root, tmp, final, step, cfg, reports, history):
     _fsync_dir(root)
 
 
-def load(path: str, parts, dp, grid, model: ModelConfig) -> tuple[int, list[dict]]:
+def load(path: str, parts, dp: DataParallel, optimizer, grid,
+         model: ModelConfig) -> tuple[int, list[dict]]:
     """Every rank calls this after building its model pieces (in any layout). Fills the
     parameters and AdamW's state with the checkpoint's; returns (the step to continue
     from, the records of the steps before it)."""
@@ -387,32 +371,34 @@ def load(path: str, parts, dp, grid, model: ModelConfig) -> tuple[int, list[dict
         for name, p in mine:
             if name not in entries:
                 raise CheckpointError(f"{step_dir}: no file of the checkpoint holds {name}")
-            _restore(name, p, entries[name], dp, grid)
+            _restore(name, p, entries[name], dp, optimizer, grid)
     _restore_rng(step_dir, manifest, grid)
     history = [json.loads(line) for line in
                read_verified(step_dir, HISTORY, manifest).decode().splitlines() if line]
     return manifest["step"], history
 
 
-def _restore(name, p, entries, dp, grid):
-    shape, start, stop, data, key = held(p, dp)
+def _restore(name, p, entries, dp: DataParallel, optimizer, grid):
+    shard = dp.shard_of(p)
     tp_dim = getattr(p, "_tp_dim", None)
 
     def local(k):          # this layout's TP-local tensor k of the parameter
         t = tp_local(full_tensor(entries, k), tp_dim, grid.tp.rank, grid.tp.size)
-        if t.shape != shape:
+        if t.shape != shard.shape:
             raise CheckpointError(f"{name}: the checkpoint's slice has shape {tuple(t.shape)}, "
-                                  f"this layout holds {tuple(shape)}")
+                                  f"this layout holds {tuple(shard.shape)}")
         return t
 
-    if dp.zero == 3:
-        data.copy_(local("param").reshape(-1)[start:stop])    # the piece is the only copy
-    else:
-        p.data.copy_(local("param"))          # whole: ZeRO-1/2 pieces are views of it
+    param = local("param")
+    if p.shape == shard.shape:
+        p.data.copy_(param)     # whole here (ZeRO-1/2 pieces are views of it)
+    # ZeRO-3 holds the whole parameter only while a unit runs: its piece is the only copy
+    shard.data.copy_(param.reshape(-1)[shard.start:shard.stop])
     if "exp_avg" in entries[0]:
-        dp.optimizer.state[key] = {
+        key = shard.key
+        optimizer.state[key] = {
             "step": torch.tensor(entries[0]["adam_step"], dtype=torch.float32),
-            **{k: local(k).reshape(-1)[start:stop].to(key.device, copy=True).view(key.shape)
+            **{k: local(k).reshape(-1)[shard.start:shard.stop].to(key.device, copy=True).view(key.shape)
                for k in ("exp_avg", "exp_avg_sq")}}
 
 

@@ -1,5 +1,7 @@
 """Every collective in minipar goes through this file, and every one is counted.
 
+Chapter "Collectives".
+
 `LOG`, a `CommLog`, records for each (axis, op): calls, the payload bytes this rank handed to
 the collective, and the bytes this rank puts on the wire under the ring algorithm:
 
@@ -11,12 +13,13 @@ the collective, and the bytes this rank puts on the wire under the ring algorith
 Counting the algorithm's bytes (not whatever gloo does internally) is what lets the book's
 formulas and the measured numbers agree on CPU and on NCCL alike.
 
-The second half holds the autograd-aware collectives the parallel axes are built from:
-Megatron's conjugate pair f (identity forward, all-reduce backward) and g (all-reduce forward,
-identity backward), and the sequence-parallel gather / reduce-scatter pair.
+Every collective started with `async_op=True` returns a `Handle`: one type whose `wait()`
+returns the result, whatever the collective. The autograd-aware collectives built on these
+(Megatron's f and g, sequence parallelism's gather and scatter) are in `parallel/regions.py`.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .formulas import wire_bytes
 from .grid import Axis
 
 
@@ -34,23 +38,6 @@ class OpStats:
     payload_bytes: int = 0
     wire_bytes: int = 0
     seconds: float = 0.0
-
-
-def wire_bytes(op: str, n: int, size: int) -> int:
-    """Bytes one rank sends for `op` over n ranks on a message of `size` bytes (ring)."""
-    if n <= 1:
-        return 0
-    if op == "all_reduce":
-        return 2 * (n - 1) * size // n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) * size // n
-    if op == "send":
-        return size
-    if op == "recv":
-        return 0
-    if op == "broadcast":   # pipelined ring broadcast: every rank but the last forwards S
-        return (n - 1) * size // n
-    raise ValueError(f"unknown collective {op!r}")
 
 
 class CommLog:
@@ -108,35 +95,31 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum", async_op: bool = False):
-    """In-place all-reduce of `t` over `axis`. With async_op, returns the work handle."""
+    """In-place all-reduce of `t` over `axis`: returns `t`, or a `Handle` with async_op."""
     if axis.size == 1:
-        return None
+        return Handle(result=t) if async_op else t
     work, sec = _timed(dist.all_reduce, t, op=_OPS[op], group=axis.group, async_op=async_op)
     LOG.record(axis.log_as, "all_reduce", axis.size, _nbytes(t), _nbytes(t), sec)
-    return work if async_op else t
+    return Handle([work], result=t) if async_op else t
 
 
 def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
-    """Concatenate every rank's `t` along `dim` (rank order). Returns the gathered tensor,
-    or (tensor, work) with async_op."""
+    """Concatenate every rank's `t` along `dim` (rank order): the gathered tensor, or a
+    `Handle` whose wait() returns it."""
     if axis.size == 1:
-        return _Deferred(None, lambda: t) if async_op else t
+        return Handle(result=t) if async_op else t
     inp = t.movedim(dim, 0).contiguous()
     out = torch.empty((axis.size * inp.shape[0], *inp.shape[1:]), dtype=t.dtype, device=t.device)
     work, sec = _timed(_all_gather_flat, out, inp, group=axis.group, async_op=async_op)
     LOG.record(axis.log_as, "all_gather", axis.size, _nbytes(inp), _nbytes(out), sec)
-
-    def finish():
-        return out.movedim(0, dim)
-    if async_op:
-        return _Deferred(work, finish)
-    return finish()
+    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
+    return handle if async_op else handle.wait()
 
 
 def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
-    """Sum `t` over ranks and keep this rank's 1/n slice along `dim`."""
+    """Sum `t` over ranks and keep this rank's 1/n slice along `dim` (or a `Handle`)."""
     if axis.size == 1:
-        return _Deferred(None, lambda: t) if async_op else t
+        return Handle(result=t) if async_op else t
     if t.shape[dim] % axis.size:
         raise ValueError(f"reduce_scatter over {axis.name}: dim {dim} of size {t.shape[dim]} "
                          f"is not divisible by {axis.size}")
@@ -144,12 +127,8 @@ def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = F
     out = torch.empty((inp.shape[0] // axis.size, *inp.shape[1:]), dtype=t.dtype, device=t.device)
     work, sec = _timed(_reduce_scatter_flat, out, inp, group=axis.group, async_op=async_op)
     LOG.record(axis.log_as, "reduce_scatter", axis.size, _nbytes(inp), _nbytes(inp), sec)
-
-    def finish():
-        return out.movedim(0, dim)
-    if async_op:
-        return _Deferred(work, finish)
-    return finish()
+    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
+    return handle if async_op else handle.wait()
 
 
 def broadcast(t: torch.Tensor, axis: Axis, src_index: int = 0):
@@ -161,16 +140,30 @@ def broadcast(t: torch.Tensor, axis: Axis, src_index: int = 0):
     return t
 
 
-class _Deferred:
-    """An async collective whose result needs a last reshaping once it has arrived."""
+class Handle:
+    """A collective in flight. `wait()` blocks until it has arrived and returns its result
+    (the reduced tensor, the gathered one, the received buffers). Waiting twice is harmless:
+    the works are dropped after the first wait (a second wait on a gloo receive would wait
+    for another message)."""
 
-    def __init__(self, work, finish):
-        self.work, self._finish = work, finish
+    def __init__(self, works=(), result=None, finish=None):
+        self.works, self._result, self._finish = list(works), result, finish
 
     def wait(self):
-        if self.work is not None:
-            self.work.wait()
-        return self._finish()
+        for w in self.works:
+            w.wait()
+        self.works = []
+        return self._finish() if self._finish is not None else self._result
+
+    def get_future(self):
+        """The torch future of a single collective, to be told when it completes (before
+        anyone waits); None where the backend gives none (gloo's reduce-scatter)."""
+        if len(self.works) != 1:
+            return None
+        try:
+            return self.works[0].get_future()
+        except (AttributeError, RuntimeError):
+            return None
 
 
 # ---------------------------------------------------------------------------- p2p
@@ -195,6 +188,33 @@ def exchange(sends=(), recvs=(), axis_name: str = "pp"):
         LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t), 0.0)
 
 
+def ring_schedule(n: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Which chunk each rank sends at each step of a ring all-reduce over n ranks:
+    n-1 reduce-scatter steps, then n-1 all-gather steps. Rank r sends to r+1."""
+    rs = [[(r - k - 1) % n for r in range(n)] for k in range(n - 1)]
+    ag = [[(r - k) % n for r in range(n)] for k in range(n - 1)]
+    return rs, ag
+
+
+def ring_all_reduce(x: torch.Tensor, axis: Axis, axis_name: str = "ring by hand"):
+    """The ring all-reduce written out with sends and receives, to see that its bytes are
+    the formula's: each rank sends 2(n-1) chunks of S/n. Returns (the sum, this rank's
+    slice of it: what a reduce-scatter alone would leave)."""
+    n, r = axis.size, axis.rank
+    right, left = axis.global_rank(r + 1), axis.global_rank(r - 1)
+    rs, ag = ring_schedule(n)
+    chunks = [c.clone() for c in x.chunk(n)]
+    incoming = torch.empty_like(chunks[0])
+    for k in range(n - 1):              # reduce-scatter: add what arrives, pass it on
+        exchange(sends=[(chunks[rs[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
+        chunks[rs[k][(r - 1) % n]] += incoming
+    mine = chunks[r].clone()            # complete: my slice of the sum
+    for k in range(n - 1):              # all-gather: pass the finished slices round
+        exchange(sends=[(chunks[ag[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
+        chunks[ag[k][(r - 1) % n]] = incoming.clone()
+    return torch.cat(chunks), mine
+
+
 def _p2p_ops(sends, recvs):
     """P2POps for [(tensor, peer)] or [(tensor, peer, tag)]: sends first, then receives."""
     ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
@@ -203,128 +223,25 @@ def _p2p_ops(sends, recvs):
                   for t, peer, *tag in recvs]
 
 
-def exchange_async(sends=(), recvs=(), axis_name: str = "pp"):
-    """Like `exchange`, but return the works: the caller waits when it needs the data
-    (and keeps each sent tensor alive until then)."""
+def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
+    """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
+    buffers (the caller keeps each sent tensor alive until then)."""
     ops = _p2p_ops(sends, recvs)
     for t, *_ in sends:
         LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t))
     for t, *_ in recvs:
         LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t))
-    return dist.batch_isend_irecv(ops) if ops else []
+    return Handle(dist.batch_isend_irecv(ops) if ops else [], result=[t for t, *_ in recvs])
 
 
-# ------------------------------------------------------------- autograd collectives
-class _CopyToGroup(torch.autograd.Function):
-    """Megatron's f: forward identity, backward all-reduce (input replicated, grads partial)."""
-
-    @staticmethod
-    def forward(ctx, x, axis):
-        ctx.axis = axis
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous().clone()
-        return all_reduce(g, ctx.axis), None
 
 
-class _ReduceFromGroup(torch.autograd.Function):
-    """Megatron's g: forward all-reduce (partial sums), backward identity."""
-
-    @staticmethod
-    def forward(ctx, x, axis):
-        return all_reduce(x.contiguous().clone(), axis)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
-class _GatherFromGroup(torch.autograd.Function):
-    """Forward all-gather along `dim`; backward reduce-scatter (each rank's slice of the
-    summed gradient). Sequence parallelism's entry into a column-parallel block."""
-
-    @staticmethod
-    def forward(ctx, x, axis, dim):
-        ctx.axis, ctx.dim = axis, dim
-        return all_gather(x, axis, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return reduce_scatter(g, ctx.axis, ctx.dim), None, None
-
-
-class _ReduceScatterToGroup(torch.autograd.Function):
-    """Forward reduce-scatter along `dim`; backward all-gather. Sequence parallelism's exit
-    from a row-parallel block: partial sums become this rank's slice of the total."""
-
-    @staticmethod
-    def forward(ctx, x, axis, dim):
-        ctx.axis, ctx.dim = axis, dim
-        return reduce_scatter(x, axis, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather(g, ctx.axis, ctx.dim), None, None
-
-
-class _SplitToGroup(torch.autograd.Function):
-    """Forward keeps this rank's slice along `dim` (no communication); backward all-gathers."""
-
-    @staticmethod
-    def forward(ctx, x, axis, dim):
-        ctx.axis, ctx.dim = axis, dim
-        return x.chunk(axis.size, dim=dim)[axis.rank].contiguous()
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather(g, ctx.axis, ctx.dim), None, None
-
-
-class _AllReduceSumGrad(torch.autograd.Function):
-    """All-reduce in forward and in backward: a sum over ranks that every rank then uses
-    (e.g. a loss total), whose gradient each rank must also see summed."""
-
-    @staticmethod
-    def forward(ctx, x, axis):
-        ctx.axis = axis
-        return all_reduce(x.contiguous().clone(), axis)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_reduce(g.contiguous().clone(), ctx.axis), None
-
-
-def copy_to_group(x, axis: Axis):
-    return x if axis.size == 1 else _CopyToGroup.apply(x, axis)
-
-
-def reduce_from_group(x, axis: Axis):
-    return x if axis.size == 1 else _ReduceFromGroup.apply(x, axis)
-
-
-def gather_from_group(x, axis: Axis, dim: int):
-    return x if axis.size == 1 else _GatherFromGroup.apply(x, axis, dim)
-
-
-def reduce_scatter_to_group(x, axis: Axis, dim: int):
-    return x if axis.size == 1 else _ReduceScatterToGroup.apply(x, axis, dim)
-
-
-def split_to_group(x, axis: Axis, dim: int):
-    return x if axis.size == 1 else _SplitToGroup.apply(x, axis, dim)
-
-
-def all_reduce_with_grad(x, axis: Axis):
-    return x if axis.size == 1 else _AllReduceSumGrad.apply(x, axis)
-
-
-class paused:
-    """`with comm.paused():` — collectives inside are not recorded (e.g. logging metrics)."""
-
-    def __enter__(self):
-        self.was, LOG.enabled = LOG.enabled, False
-
-    def __exit__(self, *exc):
-        LOG.enabled = self.was
+@contextlib.contextmanager
+def paused():
+    """`with comm.paused():` collectives inside are not recorded (logging a metric, a
+    test gathering gradients): the log holds only what the algorithm itself sends."""
+    was, LOG.enabled = LOG.enabled, False
+    try:
+        yield
+    finally:
+        LOG.enabled = was

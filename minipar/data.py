@@ -1,5 +1,7 @@
 """Where the tokens come from, and how a global batch is cut among ranks.
 
+Chapter "Data parallelism".
+
 Every layout must consume exactly the same tokens in each step, or its loss curve could not
 equal the single-device one. So every rank builds the whole global batch of a step from
 (seed, step) alone, and keeps its slice: DP ranks take rows, micro-batches cut those rows

@@ -1,5 +1,8 @@
 """How much arithmetic a training step is, and what fraction of the hardware it used (MFU).
 
+Chapter "MFU and communication volume". Torch-free at import (the cost model and the book
+use it without a process group); only measuring a CPU's peak imports torch.
+
 The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and torchtitan use it:
 
     model FLOPs per token = 6 N + 12 L h s
@@ -26,34 +29,14 @@ import time
 from pathlib import Path
 
 from .config import ModelConfig
+from .formulas import layer_param_count, param_count  # noqa: F401  (N, counted in formulas)
 
 RECOMPUTE = ("none", "selective", "full")
 
 
-# ------------------------------------------------------------------ parameters and FLOPs
-def layer_param_count(model: ModelConfig) -> int:
-    """Weights of one transformer block: attention, SwiGLU MLP and the two RMSNorm gains."""
-    h, hd = model.dim, model.head_dim
-    attention = h * model.n_heads * hd * 2 + h * model.n_kv_heads * hd * 2   # q, o; k, v
-    mlp = 3 * h * model.ffn_dim                                              # gate, up, down
-    return attention + mlp + 2 * h
-
-
-def param_count(model: ModelConfig, embeddings: bool = True) -> int:
-    """Parameters of the model, exactly as `minipar.model.Transformer` holds them.
-
-    embeddings=False leaves out the input embedding table (a lookup, no FLOPs) and keeps the
-    output head (a matmul): that is the N of 6N. With tied embeddings the shared table is the
-    head, so it stays.
-    """
-    table = model.vocab_size * model.dim
-    head = 0 if model.tie_embeddings else table
-    total = model.n_layers * layer_param_count(model) + model.dim + head  # + final norm
-    if embeddings or model.tie_embeddings:
-        total += table
-    return total
-
-
+# ------------------------------------------------------------------ FLOPs
+# N, the parameters a token is multiplied by, is `param_count(model, embeddings=False)`:
+# counted with the other per-rank memory parts in `minipar.formulas`.
 def dense_flops_per_token(model: ModelConfig) -> float:
     """6 N: the weight matmuls, forward and backward."""
     return 6.0 * param_count(model, embeddings=False)
@@ -144,7 +127,7 @@ def peak_flops(device=None, dtype: str = "bf16") -> float | None:
     "peak" is thus what a large matmul reaches, not the vendor's theoretical number; `dtype`
     is ignored there (minipar computes in float32 on CPU).
     """
-    import torch
+    import torch   # here, not at the top: the cost model and the book import flops without torch
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -157,7 +140,7 @@ def peak_flops(device=None, dtype: str = "bf16") -> float | None:
 
 
 def _cpu_key() -> str:
-    import torch
+    import torch   # lazily, as in `peak_flops`
 
     name = platform.processor() or platform.machine()
     try:
@@ -204,7 +187,7 @@ def measure_matmul_flops(seconds: float = 0.5, n: int = 1024) -> float:
     The best, not the mean: the question is what the cores can do, and a shared machine
     only ever makes a run slower.
     """
-    import torch
+    import torch   # lazily, as in `peak_flops`
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)                                   # warm-up: allocation, thread pool

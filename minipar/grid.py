@@ -6,7 +6,10 @@ so its ranks are neighbours (the same 8-GPU NVLink server); DP, which communicat
 can overlap with compute, spans the whole cluster.
 
 `ProcessGrid` is the only object that knows this layout. Everything else asks it: "which
-group do I reduce gradients over?", "who is my next pipeline stage?".
+group do I reduce gradients over?", "who is my next pipeline stage?", "of the copies of
+this replicated tensor, does mine count?".
+
+Chapter "Four dimensions at once".
 """
 from __future__ import annotations
 
@@ -38,6 +41,14 @@ class Axis:
     def global_rank(self, index: int) -> int:
         """The global rank of the peer at position `index` (mod size) of this axis."""
         return self.ranks[index % self.size]
+
+
+def mark_replica(p, axis: str):
+    """Declare that parameter `p` is an identical copy on every rank of `axis` (a norm
+    weight under tensor parallelism, say). The gradient norm then counts it once, and the
+    checkpoint saves it once (`ProcessGrid.counts`)."""
+    p._replica_axes = tuple(getattr(p, "_replica_axes", ())) + (axis,)
+    return p
 
 
 class ProcessGrid:
@@ -115,6 +126,14 @@ class ProcessGrid:
         if name in axes:
             return axes[name]
         raise AttributeError(name)
+
+    def counts(self, p, replicated_over_dp: bool) -> bool:
+        """Does this rank's copy of `p` count (in the gradient norm, in a checkpoint)?
+        Copies along an axis (`mark_replica`; dp x cp too when every data-parallel rank
+        holds the whole tensor, i.e. without ZeRO) count once: on the rank with index 0
+        on each axis the tensor is copied along."""
+        axes = (*getattr(p, "_replica_axes", ()), *(("dp_cp",) if replicated_over_dp else ()))
+        return all(self.axes[a].rank == 0 for a in axes)
 
     @property
     def is_first_stage(self) -> bool:

@@ -1,5 +1,7 @@
 """Run one function on N ranks: forked local processes over gloo, or an existing torchrun world.
 
+Chapter "From a laptop to a cluster".
+
 Locally, workers are *forked* from a parent that has already imported torch: 8 ranks start
 in about a second, where spawning fresh interpreters costs 25-40 s on two cores (each
 re-imports torch). That is what lets a notebook cell run real multi-process training.

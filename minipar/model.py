@@ -1,5 +1,7 @@
 """The single-device reference: a Llama-style decoder in one screen of PyTorch.
 
+Chapter "One model, sixteen thousand GPUs".
+
 Every parallel layout in minipar is proved against this model. Module names are Hugging
 Face's (`embed_tokens`, `layers.3.self_attn.q_proj`, ...) so that a Llama checkpoint loads
 with a prefix and nothing else, and a pipeline stage is just this class holding fewer layers.

@@ -5,8 +5,10 @@ import functools
 
 import torch
 
-from minipar.config import ParallelConfig
-from minipar.train import TrainConfig, train
+from minipar import testing
+from minipar.config import ParallelConfig, TrainConfig
+from minipar.parallel.tensor import TP_PLAN, style_of
+from minipar.train import train
 
 STEPS = 5
 
@@ -16,8 +18,13 @@ def run_layout(steps: int = STEPS, capture_grads: bool = True, **kw) -> dict:
     of TrainConfig may be given too) and return rank 0's result plus every rank's."""
     train_fields = {k: kw.pop(k) for k in list(kw) if k in TrainConfig.__dataclass_fields__}
     cfg = TrainConfig(parallel=ParallelConfig(**kw), steps=steps, progress=False,
-                      capture_grads=capture_grads, **train_fields)
-    return train(cfg)
+                      after_backward=testing.capture_grads if capture_grads else None,
+                      **train_fields)
+    out = train(cfg)
+    # each rank's gradients after the first step (testing.capture_grads), as result["grads"]
+    for r in (out, *out["all"]):
+        r["grads"] = r["probes"].get(0)
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,3 +51,17 @@ def assert_close_grads(got: dict[str, torch.Tensor], want: dict[str, torch.Tenso
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+# The dimension each TP_PLAN style splits its weight along (colwise: output features,
+# rowwise: input features, the vocabulary: rows). Biases of row-parallel layers are replicated.
+SHARD_DIM = {"vocab_embedding": 0, "colwise": 0, "head": 0, "rowwise": 1}
+
+
+def shard_dim(param_name: str, plan=TP_PLAN) -> int | None:
+    """Along which dim `apply_tensor_parallel` splits the parameter of this (reference)
+    name; None: replicated on every TP rank. Tests compare a shard's gradient with this
+    slice of the reference gradient."""
+    module, _, leaf = param_name.rpartition(".")
+    dim = SHARD_DIM.get(style_of(module, plan))
+    return None if (leaf == "bias" and dim == 1) else dim

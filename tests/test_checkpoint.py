@@ -27,8 +27,9 @@ from minipar.checkpoint import CheckpointError
 from minipar.config import ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer
-from minipar.parallel.data import DataParallel, FlatShards
-from minipar.train import TrainConfig, main, train, zero3_units
+from minipar.parallelize import data_parallel
+from minipar.parallel.zero import FlatShards
+from minipar.train import TrainConfig, main, train
 
 try:
     from minipar.parallel import tensor as _tensor  # noqa: F401
@@ -62,16 +63,17 @@ def virtual_rank(tp: int, dp: int, zero: int, rank: int, seed: int = 0):
     if tp > 1:
         from minipar.parallel.tensor import apply_tensor_parallel
         model = apply_tensor_parallel(model, grid.tp)
-    dp_ = DataParallel([model], grid.dp_cp, zero=zero, bucket_mb=0.01, units=zero3_units([model]))
-    return [model], dp_, grid
+    dp_ = data_parallel([model], grid, ParallelConfig(tp=tp, dp=dp, zero=zero, bucket_mb=0.01))
+    optimizer = torch.optim.AdamW([x for x, _ in dp_.optimizer_params()])
+    return [model], dp_, optimizer, grid
 
 
 def entries_of_layout(tp, dp, zero):
     """Everything a layout's ranks save, grouped by parameter name."""
     by_name = defaultdict(list)
     for r in range(tp * dp):
-        parts, dp_, grid = virtual_rank(tp, dp, zero, r)
-        for e in checkpoint.shard_entries(parts, dp_, grid, TINY):
+        parts, dp_, optimizer, grid = virtual_rank(tp, dp, zero, r)
+        for e in checkpoint.shard_entries(parts, dp_, optimizer, grid, TINY):
             by_name[e["name"]].append(e)
     return by_name
 
@@ -103,19 +105,19 @@ def test_restore_cuts_slices_exactly_as_the_new_layout_does(src, dst):
     saved = defaultdict(list)
     tp, dp, zero = src
     for r in range(tp * dp):
-        parts, dp_, grid = virtual_rank(tp, dp, zero, r, seed=1)
-        for e in checkpoint.shard_entries(parts, dp_, grid, TINY):
+        parts, dp_, optimizer, grid = virtual_rank(tp, dp, zero, r, seed=1)
+        for e in checkpoint.shard_entries(parts, dp_, optimizer, grid, TINY):
             saved[e["name"]].append(e)
     tp, dp, zero = dst
     for r in range(tp * dp):
-        parts, dp_, grid = virtual_rank(tp, dp, zero, r, seed=0)
-        want, want_dp, _ = virtual_rank(tp, dp, zero, r, seed=1)
+        parts, dp_, optimizer, grid = virtual_rank(tp, dp, zero, r, seed=0)
+        want, want_dp, _, _ = virtual_rank(tp, dp, zero, r, seed=1)
         with torch.no_grad():
             for name, p in checkpoint.named_params(parts, TINY):
-                checkpoint._restore(name, p, saved[name], dp_, grid)
+                checkpoint._restore(name, p, saved[name], dp_, optimizer, grid)
         for (name, p), (_, q) in zip(checkpoint.named_params(parts, TINY),
                                      checkpoint.named_params(want, TINY)):
-            got, exp = checkpoint.held(p, dp_)[3], checkpoint.held(q, want_dp)[3]
+            got, exp = dp_.shard_of(p).data, want_dp.shard_of(q).data
             assert torch.equal(got, exp), f"rank {r} {name}"
             if zero in (1, 2):     # the whole parameter too, not only this rank's piece
                 assert torch.equal(p.data, q.data), f"rank {r} {name} (full)"
@@ -241,18 +243,20 @@ def test_tied_embeddings_saved_from_two_stages_resume_on_one(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_a_crash_during_a_save_leaves_the_last_good_checkpoint(tmp_path, reference):
+def test_a_crash_during_a_save_leaves_the_last_good_checkpoint(tmp_path, reference, monkeypatch):
     root = str(tmp_path / "run")
+    write_shard = checkpoint._write_shard
 
-    def die_in_second_save(rank, step):      # rank 1 wrote its file of step 4, then died
-        if rank == 1 and step == 4:
+    def die_in_second_save(path, entries, grid):   # rank 1 wrote its file of step 4, then died
+        info = write_shard(path, entries, grid)
+        if grid.rank == 1 and os.path.basename(os.path.dirname(path)) == "step_000004.tmp":
             os._exit(1)
-    checkpoint.after_shard_written = die_in_second_save
-    try:
-        with pytest.raises(launch.RankFailed) as e:
-            run(steps=5, save=root, save_every=2, dp=2)
-    finally:
-        checkpoint.after_shard_written = None
+        return info
+    # patched here, in the parent: the ranks forked by the launcher inherit it
+    monkeypatch.setattr(checkpoint, "_write_shard", die_in_second_save)
+    with pytest.raises(launch.RankFailed) as e:
+        run(steps=5, save=root, save_every=2, dp=2)
+    monkeypatch.undo()
     assert e.value.rank == 1
     assert checkpoint.latest(root) == os.path.join(root, "step_000002")
     assert not os.path.exists(os.path.join(root, "step_000004"))

@@ -1,11 +1,14 @@
 """The command line: bad input exits 2 with one line naming the flag and the rule, before
 any process starts; a good run writes the JSON Lines the book reads."""
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
 
+from minipar import cli
+from minipar.config import ParallelConfig, TrainConfig
 from minipar.train import main
 
 BAD = [
@@ -63,3 +66,17 @@ def test_byte_data_trains(tmp_path):
     log = tmp_path / "l.jsonl"
     assert main(["--data", str(text), "--steps", "2", "--log-json", str(log), "--no-progress"]) == 0
     assert len(log.read_text().splitlines()) == 2
+
+
+def test_flags_are_generated_from_the_config_fields():
+    """One place for each default and its help: no flag, no default, no field is written
+    twice."""
+    assert cli.parse([]) == TrainConfig()
+    assert cli.parse(["--tp", "2", "--sp", "--no-progress", "--data", "x.txt"]) == TrainConfig(
+        parallel=ParallelConfig(tp=2, sp=True), progress=False, data="x.txt")
+    text = cli.build_parser().format_help()
+    for cls in (ParallelConfig, TrainConfig):
+        for f in dataclasses.fields(cls):
+            if "help" in f.metadata:
+                flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+                assert flag in text, flag

@@ -5,6 +5,7 @@ import torch.distributed as dist
 
 from minipar import comm, launch
 from minipar.grid import ProcessGrid
+from minipar.parallel import regions
 
 
 def test_wire_formulas():
@@ -29,7 +30,7 @@ def _collectives(n):
     comm.exchange(sends=[(torch.full((5,), float(r)), nxt)], recvs=[(buf, prv)], axis_name="dp")
     # the autograd pair: f's backward sums gradients, g's forward sums values
     a = torch.ones(3, requires_grad=True)
-    comm.copy_to_group(a, g.dp).mul(r + 1).sum().backward()
+    regions.copy_to_group(a, g.dp).mul(r + 1).sum().backward()
     return {"sum": x[0, 0].item(), "gathered": gathered, "scattered": scattered,
             "recv": buf[0].item(), "f_grad": a.grad[0].item(), "log": comm.LOG.summary()}
 
@@ -62,11 +63,11 @@ def _gather_scatter_autograd():
     g = ProcessGrid(tp=2, rank=dist.get_rank()).init_groups()
     r = dist.get_rank()
     x = torch.full((1, 2, 3), float(r + 1), requires_grad=True)
-    y = comm.gather_from_group(x, g.tp, dim=1)          # [1, 4, 3]
+    y = regions.gather_from_group(x, g.tp, dim=1)          # [1, 4, 3]
     w = torch.arange(4.0).view(1, 4, 1)
     (y * w).sum().backward()
     z = torch.full((1, 4, 3), float(r + 1), requires_grad=True)
-    s = comm.reduce_scatter_to_group(z, g.tp, dim=1)   # [1, 2, 3], sum over ranks
+    s = regions.reduce_scatter_to_group(z, g.tp, dim=1)   # [1, 2, 3], sum over ranks
     s.sum().backward()
     return x.grad, s.detach(), z.grad
 
@@ -103,3 +104,31 @@ def test_a_dead_rank_is_named_not_a_hang():
     with pytest.raises(launch.RankFailed) as e:
         launch.run_local(_raises, 4, timeout_s=20)
     assert e.value.rank == 2 and "bad shard" in str(e.value)
+
+
+def _ring_and_handles(n):
+    g = ProcessGrid(dp=n, rank=dist.get_rank()).init_groups()
+    r = dist.get_rank()
+    x = torch.arange(4.0 * n) * (r + 1)
+    comm.LOG.reset()
+    total, mine = comm.ring_all_reduce(x, g.dp, axis_name="dp")
+    by_hand = comm.LOG.total("dp")
+    want = comm.all_reduce(x.clone(), g.dp)
+    # every async collective returns one Handle type; wait() gives its result, twice too
+    h = comm.all_gather(torch.full((2,), float(r)), g.dp, async_op=True)
+    gathered = h.wait()
+    again = h.wait()
+    h2 = comm.reduce_scatter(torch.ones(2 * n), g.dp, async_op=True)
+    return {"equal": torch.equal(total, want), "mine": torch.equal(mine, want.chunk(n)[r]),
+            "by_hand": by_hand, "gathered": gathered.tolist(), "again": again.tolist(),
+            "scattered": h2.wait().tolist(), "types": {type(h).__name__, type(h2).__name__}}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_all_reduce_by_hand_equals_all_reduce_and_its_bytes(n):
+    for r, out in enumerate(launch.run_local(_ring_and_handles, n, n)):
+        assert out["equal"] and out["mine"]
+        assert out["by_hand"] == comm.wire_bytes("all_reduce", n, 4 * 4 * n)
+        assert out["gathered"] == out["again"] == [float(q) for q in range(n) for _ in range(2)]
+        assert out["scattered"] == [float(n), float(n)]
+        assert out["types"] == {"Handle"}

@@ -14,9 +14,9 @@ from minipar.config import ModelConfig
 from minipar.grid import Axis, ProcessGrid
 from minipar.model import Transformer, causal_attention
 from minipar.parallel.context import (CORES, apply_context_parallel, attention_work,
-                                      contiguous_chunks, cp_hops, cp_wire_bytes_per_step,
-                                      local_positions, ring_attention, ring_steps,
+                                      contiguous_chunks, local_positions, ring_attention, ring_steps,
                                       shard_for_context_parallel, zigzag_chunks)
+from minipar.formulas import cp_hops, cp_wire_bytes_per_step
 from minipar.train import main
 
 from helpers import assert_close_grads, assert_same_losses, reference, run_layout

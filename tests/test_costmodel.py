@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from minipar import costmodel as cm
-from minipar import flops
+from minipar import flops, formulas
 from minipar.config import ConfigError, ModelConfig, ParallelConfig
 
 TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
@@ -336,27 +336,25 @@ def test_cli_as_a_module_exits_2_without_traceback(repo_root):
 
 
 # ------------------------------------------------------------------ the axes' own formulas
-# Each axis's implementer wrote the formula its CommLog is tested against; the cost model
-# must say the same (it cannot import them: they need torch, the cost model must not).
+# Each axis's per-step byte count (the formula its CommLog is tested against, in
+# minipar.formulas) and the cost model's per-GPU assembly of the same pieces must agree.
 @pytest.mark.parametrize("tp, sp, pp, stage", [(2, False, 1, 0), (2, True, 1, 0), (4, True, 2, 0),
                                                (4, True, 2, 1), (2, False, 4, 2)])
 def test_tp_bytes_agree_with_the_tensor_parallel_module(tp, sp, pp, stage):
-    tensor = pytest.importorskip("minipar.parallel.tensor")
     work = cm.Workload(seq_len=64, global_batch=6)
     pc = ParallelConfig(tp=tp, sp=sp, pp=pp, microbatches=6)
     layers = cm.rank_layers(TINY, pp, 1, stage)
-    want = tensor.tp_wire_bytes_per_step(TINY, 1, 64, tp, sp, n_micro=6, layers=layers,
-                                         first=stage == 0, last=stage == pp - 1)
+    want = formulas.tp_wire_bytes_per_step(TINY, 1, 64, tp, sp, n_micro=6, layers=layers,
+                                           first=stage == 0, last=stage == pp - 1)
     assert cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32, stage)["tp"] == want
 
 
 @pytest.mark.parametrize("impl, cp, tp", [("ring", 2, 1), ("ring", 4, 2), ("allgather", 4, 1),
                                           ("allgather", 2, 2)])
 def test_cp_bytes_agree_with_the_context_parallel_module(impl, cp, tp):
-    context = pytest.importorskip("minipar.parallel.context")
     work = cm.Workload(seq_len=64, global_batch=3)
     pc = ParallelConfig(cp=cp, tp=tp, cp_impl=impl, microbatches=3)
-    want = context.cp_wire_bytes_per_step(TINY, 1, 64, cp, impl, n_micro=3, tp=tp)
+    want = formulas.cp_wire_bytes_per_step(TINY, 1, 64, cp, impl, n_micro=3, tp=tp)
     assert cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32)["cp"] == want
 
 
@@ -384,7 +382,7 @@ def test_cost_model_figures_draw():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from minipar import viz, widgets
+    from minipar.teach import figures as viz, widgets
 
     rows = cm.table4()
     estimates = {f"row {i}": e for i, (_, e) in enumerate(rows)}
@@ -409,7 +407,7 @@ def test_whatif_explorer_builds_and_redraws():
     pytest.importorskip("ipywidgets")
     import matplotlib
     matplotlib.use("Agg")
-    from minipar import widgets
+    from minipar.teach import widgets
 
     ui = widgets.whatif()
     sliders = ui.children[0].children[0].children

@@ -86,23 +86,29 @@ def test_memory_per_rank_follows_the_zero_stage(zero, n):
 
 
 def _timeline_rank(zero):
+    import torch
     import torch.distributed as dist
     from minipar.config import ModelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
     from minipar.parallel.data import DataParallel
-    from minipar.train import zero3_units
-    import torch
+    from minipar.parallel.zero import ZERO_STAGES, ZeRO3
+    from minipar.parallelize import zero3_units
     grid = ProcessGrid(dp=2, rank=dist.get_rank()).init_groups()
     model = Transformer(ModelConfig.preset("tiny"), seed=0)
-    dp = DataParallel([model], grid.dp_cp, zero=zero, bucket_mb=0.2, units=zero3_units([model]))
+    if zero == 3:
+        dp = ZeRO3([model], grid.dp_cp, bucket_mb=0.2, units=zero3_units([model]))
+    else:
+        dp = (DataParallel if zero == 0 else ZERO_STAGES[zero])([model], grid.dp_cp, bucket_mb=0.2)
+    optimizer = torch.optim.AdamW([x for x, _ in dp.optimizer_params()], lr=1e-3)
     x = torch.randint(0, 256, (2, 17))
 
     def step():
         dp.start_step()
         cross_entropy_sum(model(x[:, :-1]), x[:, 1:]).backward()
         dp.finish_backward()
-        dp.step(1e-3)
+        optimizer.step()
+        dp.after_optimizer_step()
     step()
     off = dp.timeline
     dp.timeline = []
@@ -119,3 +125,31 @@ def test_overlap_timeline_is_off_by_default_and_complete_when_on(zero):
             assert sorted(i for k, i, _ in events if k == kind) == list(range(n_buckets)), kind
         launched = {i: t for k, i, t in events if k == "launch"}
         assert all(t >= launched[i] for k, i, t in events if k == "done")
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_the_optimizer_sees_each_parameter_whole_or_this_ranks_piece(zero):
+    """What the loop's AdamW is built from: (tensor it updates, its parameter). The
+    parameter keeps its number of dims even while ZeRO-3 has freed it (weight decay goes
+    to matrices only), and the pieces of all ranks cover each parameter exactly once."""
+    from minipar.config import ModelConfig, ParallelConfig
+    from minipar.grid import ProcessGrid
+    from minipar.model import Transformer
+    from minipar.parallelize import data_parallel
+    reference = dict(Transformer(ModelConfig.preset("tiny"), seed=0).named_parameters())
+    covered = {name: 0 for name in reference}
+    for rank in range(2):
+        model = Transformer(ModelConfig.preset("tiny"), seed=0)
+        dp = data_parallel([model], ProcessGrid(dp=2, rank=rank), ParallelConfig(dp=2, zero=zero))
+        assert dp.holds_replicas == (zero == 0)
+        names = {id(p): name for name, p in model.named_parameters()}
+        pairs = dp.optimizer_params()
+        assert sorted(names[id(p)] for _, p in pairs) == sorted(reference)
+        for x, p in pairs:
+            name, shard = names[id(p)], dp.shard_of(p)
+            assert p.dim() == reference[name].dim(), name
+            assert x is shard.key and x.numel() == shard.stop - shard.start, name
+            assert (x is p) if zero == 0 else (x.dim() == 1), name
+            covered[name] += x.numel()
+    copies = 2 if zero == 0 else 1          # ZeRO: the two ranks' pieces, disjoint
+    assert covered == {name: copies * p.numel() for name, p in reference.items()}

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import exercises as E
+from minipar.teach import exercises as E
 from minipar.config import ModelConfig
 from minipar.flops import param_count
 

@@ -25,7 +25,7 @@ from minipar.parallel.pipeline import (Message, SavedBytes, backward_input, back
 from minipar.parallel.schedules import make_schedule, peak_in_flight, split_layers
 from minipar.train import main
 
-from helpers import STEPS, assert_same_losses, reference, run_layout
+from helpers import STEPS, assert_same_losses, reference, run_layout, shard_dim
 
 TINY = ModelConfig.preset("tiny")
 
@@ -293,12 +293,11 @@ def test_pipeline_with_data_parallel_and_zero(tmp_path_factory, schedule, zero):
 
 @pytest.mark.slow
 def test_zero_bubble_with_tensor_parallel_and_sp(tmp_path_factory):
-    tensor = pytest.importorskip("minipar.parallel.tensor")
     ref = reference(steps=STEPS)
     out = _run(tmp_path_factory, 2, "zb", 2, 1, tp=2, sp=True)
     assert_same_losses(out, ref)
     for name, held in _grads_by_name(out).items():
-        dim = tensor.shard_dim(name)
+        dim = shard_dim(name)
         for coords, g in held:
             want = ref["grads"][name]
             if dim is not None:

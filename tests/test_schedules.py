@@ -280,7 +280,7 @@ def test_measured_events_become_a_timeline():
 
 
 def test_trace_files_in_both_formats(tmp_path):
-    from minipar.viz import load_trace
+    from minipar.parallel.pipeline import load_trace
     events = _trace(simulate(make_schedule("zb", 2, 3), 1, 1, 1), offset=10.0)
     (tmp_path / "all.json").write_text(json.dumps(events))
     (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
@@ -301,7 +301,7 @@ def test_gantt_draws_one_labelled_box_per_timed_action(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
-    from minipar.viz import plot_bubble_vs_microbatches, plot_schedule, plot_trace
+    from minipar.teach.figures import plot_bubble_vs_microbatches, plot_schedule, plot_trace
 
     sched = make_schedule("interleaved", 2, 4, 2)
     ax = plot_schedule(sched, t_f=1, t_b=2)

@@ -14,11 +14,11 @@ from minipar.config import ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import RMSNorm, Transformer
 from minipar.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TP_PLAN,
-                                     VocabParallelEmbedding, apply_tensor_parallel, shard_dim,
-                                     style_of, _replicated, tp_wire_bytes_breakdown,
-                                     tp_wire_bytes_per_step, vocab_parallel_cross_entropy_sum)
+                                     VocabParallelEmbedding, apply_tensor_parallel,
+                                     style_of, _replicated, vocab_parallel_cross_entropy_sum)
+from minipar.formulas import tp_wire_bytes_breakdown, tp_wire_bytes_per_step
 
-from helpers import assert_close_grads, assert_same_losses, reference, run_layout
+from helpers import assert_close_grads, assert_same_losses, reference, run_layout, shard_dim
 
 TINY = ModelConfig.preset("tiny")
 

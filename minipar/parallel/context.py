@@ -1,5 +1,7 @@
 """Context parallelism (CP): split each sequence over cp ranks, keep attention exact.
 
+Chapter "Context parallelism".
+
 Everything in a Transformer layer but attention works token by token, so cutting the
 sequence into pieces costs nothing there: each rank keeps 1/cp of the tokens and 1/cp of
 their activations. Attention alone needs every earlier token. Two ways to give it them:
@@ -28,6 +30,7 @@ import torch
 
 from .. import comm
 from ..grid import Axis
+from . import regions
 from ..model import causal_attention
 
 
@@ -59,6 +62,14 @@ def shard_for_context_parallel(x: torch.Tensor, y: torch.Tensor, cp_axis: Axis):
     """
     pos = local_positions(x.shape[1], cp_axis.rank, cp_axis.size)
     return x[:, pos], y[:, pos], pos
+
+
+def shard_sequence(x: torch.Tensor, y: torch.Tensor, cp_axis: Axis):
+    """Inputs, targets and positions of the tokens this rank computes: under CP its
+    (load-balanced) chunks; otherwise the whole sequence at positions 0..s-1."""
+    if cp_axis.size > 1:
+        return shard_for_context_parallel(x, y, cp_axis)
+    return x, y, torch.arange(x.shape[1], device=x.device)
 
 
 # ============================================================ which blocks are computed
@@ -142,9 +153,10 @@ def _rows(slot: int, c: int) -> slice:
     return slice(slot * c, (slot + 1) * c)
 
 
-class LocalQueries:
-    """This rank's queries and what they have gathered so far: the state both CP attentions
-    keep while K/V blocks come by, one block at a time, in any order."""
+class OnlineSoftmax:
+    """This rank's queries and the attention they have accumulated so far (the online
+    softmax: an output and a log-sum-exp per query row). Both CP attentions keep one while
+    K/V blocks come by, one block at a time, in any order."""
 
     def __init__(self, q, n_kv: int, out=None, lse=None):
         self.q = _grouped(q.float(), n_kv)
@@ -186,31 +198,17 @@ class LocalQueries:
 
 
 # ============================================================ ring attention
-class _InFlight:
-    """Receives posted along the ring; `wait()` returns the arrived tensors."""
-
-    def __init__(self, works, received):
-        self.works, self.received = works, received
-
-    def wait(self):
-        for w in self.works:
-            w.wait()
-        return self.received
-
-
 def _ring_pass(tensors, axis: Axis, wait: bool = True):
     """Send `tensors` to the next rank of the ring and receive the previous rank's.
 
-    Sends and receives are posted in one batch (`comm.exchange`), so a ring of blocking
+    Sends and receives are posted in one batch (`comm.exchange_async`), so a ring of blocking
     sends cannot deadlock. With wait=False the transfer runs while the caller computes.
     """
     nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
-    received = [torch.empty_like(t) for t in tensors]
-    sends, recvs = [(t, nxt) for t in tensors], [(r, prv) for r in received]
-    if wait:
-        comm.exchange(sends, recvs, axis_name=axis.log_as)
-        return received
-    return _InFlight(comm.exchange_async(sends, recvs, axis_name=axis.log_as), received)
+    sends = [(t, nxt) for t in tensors]
+    recvs = [(torch.empty_like(t), prv) for t in tensors]
+    handle = comm.exchange_async(sends, recvs, axis_name=axis.log_as)
+    return handle.wait() if wait else handle
 
 
 class _RingAttention(torch.autograd.Function):
@@ -225,7 +223,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, axis, layout):
         k, v = k.contiguous(), v.contiguous()
-        queries = LocalQueries(q, k.shape[2])
+        queries = OnlineSoftmax(q, k.shape[2])
         steps = ring_steps(axis.rank, axis.size, layout)
         k_cur, v_cur = k, v
         for t, (_, pairs) in enumerate(steps):
@@ -243,7 +241,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         axis = ctx.axis
-        queries = LocalQueries(q, k.shape[2], out, lse)
+        queries = OnlineSoftmax(q, k.shape[2], out, lse)
         queries.start_backward(dout)
         steps = ring_steps(axis.rank, axis.size, ctx.layout)
         # step 0, this rank's own block: its gradient stays here
@@ -279,7 +277,7 @@ class _GatheredAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rank, cp, layout):
-        queries, n = LocalQueries(q, k.shape[2]), q.shape[1]
+        queries, n = OnlineSoftmax(q, k.shape[2]), q.shape[1]
         for src, pairs in ring_steps(rank, cp, layout):
             queries.attend(k[:, src * n:(src + 1) * n], v[:, src * n:(src + 1) * n], pairs)
         ctx.save_for_backward(q, k, v, queries.out, queries.lse)
@@ -289,7 +287,7 @@ class _GatheredAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        queries, n = LocalQueries(q, k.shape[2], out, lse), q.shape[1]
+        queries, n = OnlineSoftmax(q, k.shape[2], out, lse), q.shape[1]
         queries.start_backward(dout)
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         for src, pairs in ring_steps(ctx.rank, ctx.cp, ctx.layout):
@@ -302,12 +300,12 @@ def allgather_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
     """Llama 3's context parallelism: all-gather K and V over the CP group, then attend.
 
     The gather's backward is a reduce-scatter: every rank's dK/dV for a block are summed on
-    the rank that owns it (`comm.gather_from_group`). K and V travel in one tensor. The
+    the rank that owns it (`regions.gather_from_group`). K and V travel in one tensor. The
     gathered K/V are kept for the backward: the whole sequence's, but GQA makes them small.
     """
     if axis.size == 1:
         return causal_attention(q, k, v)
-    kv = comm.gather_from_group(torch.stack([k, v]), axis, dim=2)
+    kv = regions.gather_from_group(torch.stack([k, v]), axis, dim=2)
     return _GatheredAttention.apply(q, kv[0], kv[1], axis.rank, axis.size, layout)
 
 
@@ -322,36 +320,3 @@ def apply_context_parallel(model, cp_axis: Axis, impl: str = "ring"):
     for layer in model.layers.values():
         layer.self_attn.core = core
     return model
-
-
-# ============================================================ bytes on the wire
-def cp_hops(cp: int, impl: str) -> int:
-    """How many times one rank sends a K/V-block-sized message per layer and micro-batch.
-
-    ring:      forward cp-1 K/V blocks; backward cp-1 K/V blocks again and cp-1 dK/dV
-               accumulators (started one rank downstream, so cp-1 hops bring them home).
-    allgather: all-gather of cp blocks, (cp-1)/cp of them = cp-1 blocks; its backward,
-               a reduce-scatter of the same size, cp-1 more.
-    """
-    if cp == 1:
-        return 0
-    if impl == "ring":
-        return 3 * (cp - 1)
-    if impl == "allgather":
-        return 2 * (cp - 1)
-    raise ValueError(f"--cp-impl {impl!r} is unknown; choose one of {', '.join(CORES)}")
-
-
-def cp_wire_bytes_per_step(model_cfg, b: int, s: int, cp: int, impl: str = "ring",
-                           n_micro: int = 1, tp: int = 1, n_layers: int | None = None,
-                           dtype_bytes: int = 4) -> int:
-    """Bytes one CP rank sends per optimizer step: the formula `comm.LOG` is tested against.
-
-    b: sequences per micro-batch on this rank, s: the full sequence length, n_layers: the
-    layers this rank holds (all of them without pipeline parallelism). The K/V block of a
-    rank is 2 (K and V) * b * s/cp * (n_kv_heads / tp) * head_dim elements: KV heads, not
-    query heads, because GQA's K/V are sent un-expanded.
-    """
-    layers = model_cfg.n_layers if n_layers is None else n_layers
-    block = 2 * b * (s // cp) * (model_cfg.n_kv_heads // tp) * model_cfg.head_dim * dtype_bytes
-    return n_micro * layers * cp_hops(cp, impl) * block

@@ -1,5 +1,7 @@
 """Pipeline parallelism on real ranks: the executor that runs a schedule.
 
+Chapter "Pipeline parallelism".
+
 Each pipeline rank holds consecutive layers of the model, one `Transformer` chunk per
 virtual stage (chunk c on rank r is global stage c*p + r), and runs its list of actions from
 `schedules.make_schedule`: F receives a micro-batch's activations from the previous stage,
@@ -44,7 +46,10 @@ is `mark_replica`-ed along "pp" so the gradient norm counts the shared matrix on
 from __future__ import annotations
 
 import functools
+import json
+import os
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -54,10 +59,11 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from .. import comm
 from ..config import ConfigError
-from ..grid import Axis
+from ..formulas import split_layers
+from ..grid import Axis, mark_replica
 from ..model import Transformer
-from . import mark_replica
-from .schedules import Action, make_schedule, simulate, split_layers, stage_of
+from .context import shard_sequence
+from .schedules import Action, make_schedule, simulate, stage_of
 
 
 # ===================================================================== the stages
@@ -75,17 +81,17 @@ def build_stage_modules(mcfg, pcfg, grid, seed) -> list[Transformer]:
         raise ConfigError(f"--pp {p} x --virtual-stages {v} = {n_stages} stages exceeds "
                           f"n_layers={mcfg.n_layers}")
     layers = split_layers(mcfg.n_layers, n_stages)
-    parts = []
+    chunks = []
     for c in range(v):
         s = stage_of(r, c, p)
-        parts.append(Transformer(mcfg, layer_ids=layers[s], first=s == 0,
+        chunks.append(Transformer(mcfg, layer_ids=layers[s], first=s == 0,
                                  last=s == n_stages - 1, seed=seed))
     if mcfg.tie_embeddings:
-        _tie_group(parts, grid)
-    return parts
+        _tie_group(chunks, grid)
+    return chunks
 
 
-def _tie_group(parts, grid):
+def _tie_group(chunks, grid):
     # One group per (tp, cp, dp) position: {its first stage, its last stage}. new_group is
     # collective, so every rank creates every group, in the same order.
     p = grid.sizes["pp"]
@@ -95,14 +101,14 @@ def _tie_group(parts, grid):
         g = dist.new_group(list(ranks))
         if grid.rank in ranks:
             axis = Axis("pp_tie", ranks, ranks.index(grid.rank), group=g, log_as="pp")
-            for m in parts:
+            for m in chunks:
                 m.tie_axis = axis
 
 
-def _tied_params(parts) -> list[nn.Parameter]:
+def _tied_params(chunks) -> list[nn.Parameter]:
     # looked up by module name at use time: tensor parallelism replaces the modules
     out = []
-    for m in parts:
+    for m in chunks:
         if getattr(m, "tie_axis", None) is None:
             continue
         if m.embed_tokens is not None:
@@ -112,7 +118,7 @@ def _tied_params(parts) -> list[nn.Parameter]:
     return out
 
 
-def sync_tied_gradients(parts, dp, grid):
+def sync_tied_gradients(chunks, dp, grid):
     """Sum the gradients of the tied embedding (first stage) and head (last stage).
 
     Called after `dp.finish_backward()` and before clipping: the sum over the tie group and
@@ -120,14 +126,14 @@ def sync_tied_gradients(parts, dp, grid):
     shape, same dp rank), so summing this rank's pieces is summing the whole. The head's copy
     is marked a replica along "pp" so the global gradient norm counts the matrix once.
     """
-    tied = {id(p): p for p in _tied_params(parts)}
+    tied = {id(p): p for p in _tied_params(chunks)}
     if not tied:
         return
-    axis = parts[0].tie_axis
+    axis = chunks[0].tie_axis
     for g, p in dp.grads():
         if id(p) in tied:
             comm.all_reduce(g, axis)
-    for m in parts:
+    for m in chunks:
         if m.lm_head is not None and "pp" not in getattr(m.lm_head.weight, "_replica_axes", ()):
             mark_replica(m.lm_head.weight, "pp")
 
@@ -339,7 +345,7 @@ class SavedBytes:
 
 
 # ================================================================= the executor
-class _Work(NamedTuple):
+class Stashed(NamedTuple):
     """What a micro-batch leaves on a chunk between its F and its B (or W)."""
 
     boundary: torch.Tensor | None     # the stage input (or embedding output) to differentiate
@@ -350,20 +356,20 @@ class _Work(NamedTuple):
 class _Pipeline:
     """One step of one rank: the state the actions share."""
 
-    def __init__(self, parts, micro, loss_fn, n_tokens, dp, pcfg, grid, trace):
-        self.parts, self.micro, self.loss_fn, self.n_tokens = parts, micro, loss_fn, n_tokens
+    def __init__(self, chunks, micro, loss_fn, n_tokens, dp, pcfg, grid, trace):
+        self.chunks, self.micro, self.loss_fn, self.n_tokens = chunks, micro, loss_fn, n_tokens
         self.dp, self.pcfg, self.grid = dp, pcfg, grid
         self.p, self.r, self.m = pcfg.pp, grid.pp.rank, len(micro)
-        self.n_stages = self.p * len(parts)
+        self.n_stages = self.p * len(chunks)
         self.split = pcfg.schedule == "zb"
-        self.stash: dict[tuple[int, int], _Work] = {}   # (mb, chunk) in flight
+        self.stash: dict[tuple[int, int], Stashed] = {}   # (mb, chunk) in flight
         self.deferred: dict[tuple[int, int], list] = {}  # zb: W's work, left by B
-        self.received: dict[Message, tuple[torch.Tensor, list]] = {}
+        self.received: dict[Message, comm.Handle] = {}
         self.outbox: dict[Message, torch.Tensor] = {}   # computed, not yet posted
-        self.sent: list = []                            # (tensor, works): alive until done
+        self.sent: list = []                            # (tensor, handle): alive until done
         self.loss = torch.zeros(())
         self._tokens: dict[int, tuple] = {}
-        p0 = next(parts[0].parameters())
+        p0 = next(chunks[0].parameters())
         self.dtype, self.device = p0.dtype, p0.device
         # one replica of the pipeline records the trace: its rows are the pipeline ranks
         self.trace = trace if trace is not None and all(
@@ -386,15 +392,14 @@ class _Pipeline:
         """Inputs, targets and positions of micro-batch `mb`, CP-local (every stage needs
         the positions for RoPE and the shapes; the first the inputs, the last the targets)."""
         if mb not in self._tokens:
-            from ..train import shard_sequence    # train imports this module lazily
             batch = self.micro[mb]
-            x, y, pos = shard_sequence(batch[:, :-1], batch[:, 1:], self.pcfg, self.grid)
+            x, y, pos = shard_sequence(batch[:, :-1], batch[:, 1:], self.grid.cp)
             self._tokens[mb] = (x.to(self.device), y.to(self.device), pos.to(self.device))
         return self._tokens[mb]
 
     def shape(self, mb: int) -> tuple[int, int, int]:
         rows, seq = self.micro[mb].shape[0], self.tokens(mb)[0].shape[1]
-        return boundary_shape(rows, seq, self.parts[0].cfg.dim, self.pcfg)
+        return boundary_shape(rows, seq, self.chunks[0].cfg.dim, self.pcfg)
 
     def peer(self, stage: int) -> int:
         return self.grid.pp.global_rank(stage % self.p)
@@ -402,24 +407,20 @@ class _Pipeline:
     # -- p2p ----------------------------------------------------------------------------
     def post_recv(self, msg: Message):
         buf = torch.empty(self.shape(msg.microbatch), dtype=self.dtype, device=self.device)
-        works = comm.exchange_async(recvs=[(buf, self.peer(msg.src_stage), msg.tag(self.m))])
-        self.received[msg] = (buf, works)
+        self.received[msg] = comm.exchange_async(
+            recvs=[(buf, self.peer(msg.src_stage), msg.tag(self.m))])
 
-    def arrive(self, msg: Message) -> torch.Tensor:
-        """Wait for a posted receive (once: a second wait on a gloo receive waits for
-        another message)."""
-        buf, works = self.received[msg]
-        for w in works:
-            w.wait()
-        self.received[msg] = (buf, [])
-        return buf
+    def wait_for(self, msg: Message) -> torch.Tensor:
+        """Block until a posted receive has arrived (the Handle waits only once)."""
+        return self.received[msg].wait()[0]
 
-    def take(self, msg: Message) -> torch.Tensor:
-        buf = self.arrive(msg)
+    def receive(self, msg: Message) -> torch.Tensor:
+        """The arrived tensor, taken out of the inbox."""
+        buf = self.wait_for(msg)
         del self.received[msg]
         return buf
 
-    def put(self, msg: Message, t: torch.Tensor):
+    def hold_for_send(self, msg: Message, t: torch.Tensor):
         """Hold an output until the program posts its send; check the receiver's shape."""
         t = t.detach().contiguous()
         if tuple(t.shape) != self.shape(msg.microbatch):
@@ -430,16 +431,16 @@ class _Pipeline:
 
     def post_send(self, msg: Message):
         t = self.outbox.pop(msg)
-        works = comm.exchange_async(sends=[(t, self.peer(msg.dst_stage), msg.tag(self.m))])
-        self.sent.append((t, works))
+        handle = comm.exchange_async(sends=[(t, self.peer(msg.dst_stage), msg.tag(self.m))])
+        self.sent.append((t, handle))
 
     # -- the three actions ----------------------------------------------------------------
     def forward(self, a: Action):
         s = a.stage(self.r, self.p)
         x, y, pos = self.tokens(a.microbatch)
-        chunk = self.parts[a.chunk]
+        chunk = self.chunks[a.chunk]
         if s > 0:
-            x = self.take(Message("act", a.microbatch, s - 1)).requires_grad_()
+            x = self.receive(Message("act", a.microbatch, s - 1)).requires_grad_()
         seen = {}
         # zero-bubble's B differentiates the first stage w.r.t. the embedding's output
         hook = chunk.embed_tokens.register_forward_hook(
@@ -451,33 +452,33 @@ class _Pipeline:
                 self.loss += out.detach()
         if hook is not None:
             hook.remove()
-        self.stash[(a.microbatch, a.chunk)] = _Work(x if s > 0 else seen.get("emb"), out,
+        self.stash[(a.microbatch, a.chunk)] = Stashed(x if s > 0 else seen.get("emb"), out,
                                                     saved.nbytes)
         for msg in outputs_of(a, self.r, self.p, self.n_stages):
-            self.put(msg, out)
+            self.hold_for_send(msg, out)
 
     def backward(self, a: Action):
         s = a.stage(self.r, self.p)
         key = (a.microbatch, a.chunk)
         dout = None
         if s < self.n_stages - 1:
-            dout = self.take(Message("grad", a.microbatch, s + 1))
+            dout = self.receive(Message("grad", a.microbatch, s + 1))
         work = self.stash[key]
         if self.split:
             d_input, self.deferred[key] = backward_input(
-                work.out, dout, work.boundary, list(self.parts[a.chunk].parameters()))
+                work.out, dout, work.boundary, list(self.chunks[a.chunk].parameters()))
         else:
             self.dp.set_last_microbatch(a.microbatch == self.m - 1)
             torch.autograd.backward(work.out, dout)
             d_input = work.boundary.grad if s > 0 else None
             del self.stash[key]
         for msg in outputs_of(a, self.r, self.p, self.n_stages):
-            self.put(msg, d_input)
+            self.hold_for_send(msg, d_input)
 
     def weight(self, a: Action):
         key = (a.microbatch, a.chunk)
         self.dp.set_last_microbatch(a.microbatch == self.m - 1)
-        self.dp.gather_module(self.parts[a.chunk])     # ZeRO-3 may have freed them since B
+        self.dp.gather_module(self.chunks[a.chunk])     # ZeRO-3 may have freed them since B
         backward_weight(self.deferred.pop(key))
         del self.stash[key]          # the graph and its saved activations go with it
 
@@ -491,9 +492,8 @@ class _Pipeline:
                 self.post_send(item)
             else:
                 self.record(item, act[item.kind])
-        for _, works in self.sent:
-            for w in works:
-                w.wait()
+        for _, handle in self.sent:
+            handle.wait()
         if self.stash or self.received or self.outbox:
             raise RuntimeError(f"pipeline rank {self.r}: step ended with {sorted(self.stash)} "
                                f"in flight, {sorted(self.received)} unread and "
@@ -503,7 +503,7 @@ class _Pipeline:
     def record(self, a: Action, fn):
         # the wait for a message is idle time (the bubble), not part of the action
         for msg in inputs_of(a, self.r, self.p, self.n_stages):
-            self.arrive(msg)
+            self.wait_for(msg)
         start = time.perf_counter() - self.t0
         fn(a)
         end = time.perf_counter() - self.t0
@@ -515,7 +515,7 @@ class _Pipeline:
                 "activation_bytes": sum(w.nbytes for w in self.stash.values())})
 
 
-def pipeline_forward_backward(parts, micro, loss_fn, n_tokens, dp, pcfg, grid, trace=None):
+def pipeline_forward_backward(chunks, micro, loss_fn, n_tokens, dp, pcfg, grid, trace=None):
     """Run this rank's actions of one step; return its share of the loss (0-dim tensor):
     the sum over micro-batches of loss / n_tokens on the last stage, zero elsewhere.
 
@@ -526,9 +526,42 @@ def pipeline_forward_backward(parts, micro, loss_fn, n_tokens, dp, pcfg, grid, t
     activation_bytes (what autograd saved for them)}.
     """
     program = _plan(pcfg.schedule, pcfg.pp, len(micro), pcfg.virtual_stages)[grid.pp.rank]
-    return _Pipeline(parts, micro, loss_fn, n_tokens, dp, pcfg, grid, trace).run(program)
+    return _Pipeline(chunks, micro, loss_fn, n_tokens, dp, pcfg, grid, trace).run(program)
 
 
 @functools.lru_cache(maxsize=64)
 def _plan(name: str, p: int, m: int, v: int):
     return p2p_plan(make_schedule(name, p, m, v))
+
+
+# ================================================================= the trace file
+def write_trace(path: str, events: list[dict] | None, grid) -> None:
+    """`--trace PATH`: gather every rank's pipeline events to rank 0 and write them as one
+    JSON list (collective: every rank calls it)."""
+    gathered = [None] * grid.world_size
+    with comm.paused():
+        dist.all_gather_object(gathered, events or [])
+    if grid.rank == 0:
+        with open(path, "w") as f:
+            json.dump([e for evs in gathered for e in evs], f)
+
+
+def load_trace(paths) -> list[dict]:
+    """Events of a `--trace` file, or of several: one JSON list of events, JSON lines, a JSON
+    list of per-rank lists (the rank is the position), or one file per rank. Each event is a
+    dict with rank, kind, microbatch, chunk, start, end."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    events = []
+    for i, path in enumerate(paths):
+        text = Path(path).read_text().strip()
+        try:
+            data = json.loads(text)
+            records = data if isinstance(data, list) else [data]
+        except json.JSONDecodeError:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        if records and all(isinstance(r, list) for r in records):
+            for rank, evs in enumerate(records):
+                events += [e if "rank" in e else dict(e, rank=rank) for e in evs]
+        else:
+            events += [e if "rank" in e else dict(e, rank=i) for e in records]
+    return events

@@ -20,12 +20,19 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..config import SCHEDULES, ConfigError
+from ..formulas import bubble_fraction, split_layers
 
 __all__ = [
     "Action", "Event", "Timeline", "ScheduleError", "SCHEDULES",
     "make_schedule", "simulate", "peak_in_flight", "check_schedule", "dependencies",
-    "split_layers", "stage_of", "rank_and_chunk", "timeline_from_events", "bubble_formula",
+    "split_layers", "stage_of", "rank_and_chunk", "timeline_from_events", "bubble_fraction",
+    "bubble_formula",
 ]
+
+# The chapter's two closed forms, written once in `minipar.formulas` with every other:
+# the bubble of each schedule (`bubble_fraction`; `bubble_formula` is its older name here)
+# and the executor's stage split (`split_layers`).
+bubble_formula = bubble_fraction
 
 
 class ScheduleError(ValueError):
@@ -142,30 +149,6 @@ def _one_f_one_b(p: int, m: int) -> Schedule:
     return out
 
 
-def _zb_h1(p: int, m: int) -> Schedule:
-    # ZB-H1 (Qi et al., 2024): the F/B order of 1F1B, with each backward split into B (input
-    # gradient, sent upstream at once) and W (weight gradient, local). Rank r postpones its
-    # first W by r steady-state cycles, so that every rank, not just rank 0, keeps p
-    # micro-batches between F and W; the postponed W's then fill the cool-down bubble.
-    out = []
-    for r in range(p):
-        w = _warmup_1f1b(r, p, m)
-        acts = [Action("F", i) for i in range(w)]
-        pending = []                                  # W's owed, oldest first
-        for i in range(m - w):
-            acts += [Action("F", w + i), Action("B", i)]
-            pending.append(Action("W", i))
-            if i >= r:                                # after the delay: one W per cycle
-                acts.append(pending.pop(0))
-        for i in range(m - w, m):                     # cool-down: each B then an owed W
-            acts.append(Action("B", i))
-            pending.append(Action("W", i))
-            acts.append(pending.pop(0))
-        acts += pending
-        out.append(acts)
-    return out
-
-
 def _interleaved(p: int, m: int, v: int, n: int) -> Schedule:
     """Megatron's interleaved 1F1B, generalised to N consecutive micro-batches per chunk.
 
@@ -201,69 +184,28 @@ def _interleaved(p: int, m: int, v: int, n: int) -> Schedule:
     return out
 
 
-def bubble_formula(name: str, n_stages: int, n_microbatches: int, n_virtual: int = 1,
-                   t_f: float = 1.0, t_b: float = 2.0, t_w: float = 0.0) -> float:
-    """The closed-form bubble fraction (idle / (makespan x ranks)) of a schedule.
-
-    Each of p ranks does m*v*T of work, T = t_f + t_b + t_w per micro-batch and chunk, and
-    waits (p-1) "slots" in all: while the first micro-batch fills the pipeline and the last
-    drains it. For afab and 1f1b a slot is a whole T, so the fraction is (p-1)/(m+p-1) for
-    any t_f, t_b. Interleaving cuts the work per rank into v chunks and the slot with it:
-    (p-1)/(v*m+p-1). ZB-H1 keeps W off the critical path, leaving slots of t_f + t_b - t_w.
-
-    Exact (checked by `simulate` in the tests) for afab and 1f1b always; for interleaved when
-    m is a multiple of p (and of the consecutive N >= p); for zb when m >= p and
-    t_w <= min(t_f, t_b).
-    """
-    p, m, v = n_stages, n_microbatches, n_virtual
-    t = t_f + t_b + t_w
-    if name == "zb":
-        slot = t_f + t_b - t_w
-        return (p - 1) * slot / (m * t + (p - 1) * slot)
-    if name not in SCHEDULES:
-        raise ConfigError(f"--schedule {name!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-    v = v if name == "interleaved" else 1
-    return (p - 1) / (v * m + p - 1)
-
-
-# --------------------------------------------------------------------------- stage split
-
-def split_layers(n_layers: int, n_stages: int, first_last_lighter: int = 0) -> list[range]:
-    """Contiguous, balanced layer ranges, one per global stage (p*v of them with chunks).
-
-    Sizes differ by at most one, the larger ones first. With `first_last_lighter=k` the
-    first and the last stage get k layers fewer than a balanced split of n_layers + 2k
-    (whose larger parts then go to middle stages): Llama 3's trick, since the embedding and
-    the output head + loss live there and cost about a layer each. Llama 3 405B took one
-    layer off each end; 126 layers on PP 16 with V 8 (126 + 2 = 128 = 16 x 8) leaves the
-    first and last stage no transformer layer at all (only embedding, only head), as the
-    paper describes its first and last model chunks.
-    """
-    k = first_last_lighter
-    if n_stages < 1:
-        raise ConfigError(f"--pp x --virtual-stages = {n_stages} stages must be positive")
-    if k < 0:
-        raise ConfigError(f"first_last_lighter={k} must be >= 0")
-    if n_stages <= 2:
-        k = 0                       # every stage is the first or the last: nothing to shift
-    q, extra = divmod(n_layers + 2 * k, n_stages)
-    sizes = [q] * n_stages
-    order = list(range(1, n_stages - 1)) + [0, n_stages - 1] if k else range(n_stages)
-    for i in list(order)[:extra]:
-        sizes[i] += 1
-    sizes[0] -= k
-    sizes[-1] -= k
-    if k == 0 and n_layers < n_stages:
-        raise ConfigError(f"n_layers={n_layers} is fewer than the {n_stages} pipeline stages "
-                          f"(--pp x --virtual-stages): every stage needs at least one layer")
-    if min(sizes[1:-1], default=1) < 1 or min(sizes) < 0:
-        raise ConfigError(f"n_layers={n_layers} on {n_stages} stages (--pp x --virtual-stages) "
-                          f"with first_last_lighter={k}: every middle stage needs a layer and "
-                          f"the first and last stage cannot drop below zero")
-    bounds = [0]
-    for s in sizes:
-        bounds.append(bounds[-1] + s)
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+def _zb_h1(p: int, m: int) -> Schedule:
+    # ZB-H1 (Qi et al., 2024): the F/B order of 1F1B, with each backward split into B (input
+    # gradient, sent upstream at once) and W (weight gradient, local). Rank r postpones its
+    # first W by r steady-state cycles, so that every rank, not just rank 0, keeps p
+    # micro-batches between F and W; the postponed W's then fill the cool-down bubble.
+    out = []
+    for r in range(p):
+        w = _warmup_1f1b(r, p, m)
+        acts = [Action("F", i) for i in range(w)]
+        pending = []                                  # W's owed, oldest first
+        for i in range(m - w):
+            acts += [Action("F", w + i), Action("B", i)]
+            pending.append(Action("W", i))
+            if i >= r:                                # after the delay: one W per cycle
+                acts.append(pending.pop(0))
+        for i in range(m - w, m):                     # cool-down: each B then an owed W
+            acts.append(Action("B", i))
+            pending.append(Action("W", i))
+            acts.append(pending.pop(0))
+        acts += pending
+        out.append(acts)
+    return out
 
 
 # --------------------------------------------------------------------------- validity

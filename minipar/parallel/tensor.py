@@ -1,5 +1,7 @@
 """Tensor parallelism: every weight matrix of a layer split over the t ranks of one server.
 
+Chapter "Tensor parallelism".
+
 Megatron-LM's layout (Shoeybi et al. 2019). A linear layer y = x A^T can be split two ways:
 
     column-parallel   rank r holds rows r of A (a slice of the *output* features):
@@ -11,7 +13,7 @@ Put a column-parallel layer first and a row-parallel one second, and the slice t
 produces is exactly the slice the second consumes: attention splits its heads (q, k, v
 column-parallel, o row-parallel; grouped-query K/V heads are split too), the MLP its hidden
 units (gate, up column-parallel, down row-parallel). Each block then needs one collective in
-and one out, Megatron's conjugate pair from `comm`:
+and one out, Megatron's conjugate pair from `regions`:
 
     f  enter   forward identity      backward all-reduce   (x is whole on every rank)
     g  exit    forward all-reduce    backward identity     (the partial sums add up)
@@ -38,9 +40,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..config import ModelConfig
-from ..grid import Axis
-from . import mark_replica
+from ..grid import Axis, mark_replica
+from ..model import cross_entropy_sum
+from . import regions
 
 SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
 
@@ -50,18 +52,18 @@ def enter_tp(x, axis: Axis, sp: bool):
     """Make the block's input whole on every rank: f (identity forward, all-reduce of the
     gradient backward), or under SP the all-gather of the sequence shards."""
     if not sp:
-        return comm.copy_to_group(x, axis)
+        return regions.copy_to_group(x, axis)
     # The gathered [b, s, h] arrives as a strided view (the ranks' pieces are stacked along
     # dim 0). Made contiguous once here, q, k and v share one copy, for compute and for the
     # tensors saved for backward; else each linear would copy (and save) its own. Megatron
     # keeps activations as [s, b, h] so that the sequence dim is the outer one.
-    return comm.gather_from_group(x, axis, SEQ_DIM).contiguous()
+    return regions.gather_from_group(x, axis, SEQ_DIM).contiguous()
 
 
 def exit_tp(x, axis: Axis, sp: bool):
     """Sum the ranks' partial outputs: g (all-reduce forward), or under SP a reduce-scatter
     that leaves each rank the sum for its own slice of the sequence."""
-    return comm.reduce_scatter_to_group(x, axis, SEQ_DIM) if sp else comm.reduce_from_group(x, axis)
+    return regions.reduce_scatter_to_group(x, axis, SEQ_DIM) if sp else regions.reduce_from_group(x, axis)
 
 
 def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
@@ -155,6 +157,47 @@ class VocabParallelEmbedding(nn.Module):
         return exit_tp(h, self.axis, self.sp)
 
 
+# ------------------------------------------------------------------------ the loss
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Sum over tokens of  log sum_v exp(z_v) - z_target,  where each rank holds 1/t of the
+    vocabulary's logits z. Three all-reduces of one number per token: the max (for a stable
+    exp), the sum of exponentials, and the target's logit (it lives on one rank only). The
+    gradient, softmax(z) - onehot(target), is local to each rank's slice: no backward traffic."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, axis):
+        z = logits.float()
+        n_local = z.shape[-1]
+        m = z.max(dim=-1, keepdim=True).values
+        comm.all_reduce(m, axis, op="max")
+        z = z - m
+        local = targets.unsqueeze(-1) - axis.rank * n_local
+        mine = (local >= 0) & (local < n_local)
+        local = local.clamp(0, n_local - 1)
+        target_logit = z.gather(-1, local) * mine
+        exp = z.exp()
+        sum_exp = exp.sum(dim=-1, keepdim=True)
+        comm.all_reduce(sum_exp, axis)
+        comm.all_reduce(target_logit, axis)
+        ctx.save_for_backward(exp.div_(sum_exp), local, mine)
+        ctx.dtype = logits.dtype
+        return (sum_exp.log() - target_logit).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, local, mine = ctx.saved_tensors
+        grad = softmax.scatter_add(-1, local, -mine.to(softmax.dtype))
+        return (grad * g).to(ctx.dtype), None, None
+
+
+def vocab_parallel_cross_entropy_sum(logits_local, targets, tp_axis: Axis):
+    """Sum of token losses from this rank's vocabulary slice of the logits [..., V/t];
+    the same value on every TP rank. Never gathers the [..., V] logits."""
+    if tp_axis.size == 1:
+        return cross_entropy_sum(logits_local, targets)
+    return _VocabParallelCrossEntropy.apply(logits_local, targets, tp_axis)
+
+
 # ------------------------------------------------------------------------ the plan
 # Module name (fnmatch pattern, `*` = any layer index) -> how it is split.
 #   vocab_embedding  rows of the table split over the vocabulary, output summed (g / RS)
@@ -187,19 +230,6 @@ def style_of(name: str, plan=TP_PLAN) -> str | None:
         if fnmatch.fnmatchcase(name, pattern):
             return style
     return None
-
-
-# The dimension each style splits its weight along (colwise: output features, rowwise: input
-# features, the vocabulary: rows). Biases of row-parallel layers are replicated.
-SHARD_DIM = {"vocab_embedding": 0, "colwise": 0, "head": 0, "rowwise": 1}
-
-
-def shard_dim(param_name: str, plan=TP_PLAN) -> int | None:
-    """Along which dim `apply_tensor_parallel` splits the parameter of this (reference)
-    name; None: replicated on every TP rank."""
-    module, _, leaf = param_name.rpartition(".")
-    dim = SHARD_DIM.get(style_of(module, plan))
-    return None if (leaf == "bias" and dim == 1) else dim
 
 
 def _replicated(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
@@ -244,87 +274,3 @@ def apply_tensor_parallel(model: nn.Module, tp_axis: Axis, sp: bool = False, pla
     if tied:      # embedding and head split the same way (rows = vocabulary): one shard
         model.lm_head.weight = model.embed_tokens.weight
     return model
-
-
-# ------------------------------------------------------------------------ the loss
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Sum over tokens of  log sum_v exp(z_v) - z_target,  where each rank holds 1/t of the
-    vocabulary's logits z. Three all-reduces of one number per token: the max (for a stable
-    exp), the sum of exponentials, and the target's logit (it lives on one rank only). The
-    gradient, softmax(z) - onehot(target), is local to each rank's slice: no backward traffic."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, axis):
-        z = logits.float()
-        n_local = z.shape[-1]
-        m = z.max(dim=-1, keepdim=True).values
-        comm.all_reduce(m, axis, op="max")
-        z = z - m
-        local = targets.unsqueeze(-1) - axis.rank * n_local
-        mine = (local >= 0) & (local < n_local)
-        local = local.clamp(0, n_local - 1)
-        target_logit = z.gather(-1, local) * mine
-        exp = z.exp()
-        sum_exp = exp.sum(dim=-1, keepdim=True)
-        comm.all_reduce(sum_exp, axis)
-        comm.all_reduce(target_logit, axis)
-        ctx.save_for_backward(exp.div_(sum_exp), local, mine)
-        ctx.dtype = logits.dtype
-        return (sum_exp.log() - target_logit).sum()
-
-    @staticmethod
-    def backward(ctx, g):
-        softmax, local, mine = ctx.saved_tensors
-        grad = softmax.scatter_add(-1, local, -mine.to(softmax.dtype))
-        return (grad * g).to(ctx.dtype), None, None
-
-
-def vocab_parallel_cross_entropy_sum(logits_local, targets, tp_axis: Axis):
-    """Sum of token losses from this rank's vocabulary slice of the logits [..., V/t];
-    the same value on every TP rank. Never gathers the [..., V] logits."""
-    if tp_axis.size == 1:
-        from ..model import cross_entropy_sum
-        return cross_entropy_sum(logits_local, targets)
-    return _VocabParallelCrossEntropy.apply(logits_local, targets, tp_axis)
-
-
-# ------------------------------------------------------------------------ the bytes
-def tp_wire_bytes_breakdown(cfg: ModelConfig, b: int, s: int, t: int, sp: bool = False,
-                            n_micro: int = 1, layers: int | None = None, first: bool = True,
-                            last: bool = True, act_bytes: int = 4, param_bytes: int = 4) -> dict:
-    """Bytes one TP rank sends per step, by source, under the ring algorithm.
-
-    b sequences per micro-batch, s tokens of each that this rank's TP group sees (seq_len /
-    cp), t = TP degree, `layers` blocks held (default: all), first/last pipeline stage.
-    With A = b s h act_bytes, one all-reduce of A sends 2 (t-1)/t A, one all-gather or
-    reduce-scatter (t-1)/t A. Per micro-batch:
-
-      layers     4 all-reduces per block (f, g for attention and for the MLP, forward and
-                 backward): 8 (t-1)/t A each.  SP: 4 all-gathers + 4 reduce-scatters, the same.
-      embedding  g forward: 2 (t-1)/t A.  SP: reduce-scatter forward, all-gather backward.
-      head       f backward: 2 (t-1)/t A.  SP: all-gather forward, reduce-scatter backward.
-      loss       3 all-reduces of b s float32 numbers: 6 (t-1)/t b s 4.
-      norms      SP only: the partial gradient of each norm weight (2 per block, the final
-                 norm) is all-reduced: 2 (t-1)/t h param_bytes each.
-    """
-    if t == 1:
-        return dict.fromkeys(("layers", "embedding", "head", "loss", "norms"), 0)
-    layers = cfg.n_layers if layers is None else layers
-    A = b * s * cfg.dim * act_bytes
-
-    def ring(nbytes):                    # one all-gather or one reduce-scatter; half an all-reduce
-        return (t - 1) * nbytes // t
-    per_micro = {
-        "layers": layers * 8 * ring(A),
-        "embedding": 2 * ring(A) if first else 0,
-        "head": 2 * ring(A) if last else 0,
-        "loss": 3 * 2 * ring(b * s * 4) if last else 0,
-        "norms": (2 * layers + last) * 2 * ring(cfg.dim * param_bytes) if sp else 0,
-    }
-    return {k: n_micro * v for k, v in per_micro.items()}
-
-
-def tp_wire_bytes_per_step(cfg: ModelConfig, b: int, s: int, t: int, sp: bool = False,
-                           n_micro: int = 1, **kw) -> int:
-    """Total of `tp_wire_bytes_breakdown`: what CommLog measures under "tp" in one step."""
-    return sum(tp_wire_bytes_breakdown(cfg, b, s, t, sp, n_micro, **kw).values())

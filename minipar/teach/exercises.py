@@ -1,4 +1,4 @@
-"""Checks for the exercises at the end of each chapter.
+"""Every chapter's exercises, checked: the `check_*` functions that end each notebook.
 
 Every `check_*` compares a reader's answer (a number) or implementation (a function) with
 an independent computation in minipar: a formula, the pipeline simulator, or torch itself
@@ -8,8 +8,19 @@ for None, "Correct" for a right answer, and for a wrong one what is off, not the
 from __future__ import annotations
 
 import math
+import warnings
 
-from .config import ModelConfig
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import expected_waste
+from ..config import ModelConfig
+from ..flops import dense_flops_per_token, flops_per_token, mfu
+from ..formulas import dp_bytes, wire_bytes
+from ..grid import Axis, ProcessGrid
+from ..launch import RankFailed, run_local
+from ..parallel.context import attention_work, contiguous_chunks, shard_for_context_parallel
+from ..parallel.schedules import make_schedule, simulate
 
 NOT_ANSWERED = "Not answered yet: replace None with your answer and run the cell again."
 
@@ -65,9 +76,29 @@ def _function(fn) -> Verdict | None:
     return None
 
 
+def _compare_calls(fn, cases, reference, rel_tol: float, mismatch, success: str,
+                   call=None) -> Verdict:
+    """Call the reader's fn(*args) and reference(*args) for each args in `cases`. Wrong at the
+    first call that raises, or whose number is off by more than rel_tol (mismatch(args, got,
+    want) says how); right, saying `success`, when every case agrees. call(args) names a call
+    in the messages (default: fn(args...))."""
+    problem = _function(fn)
+    if problem is not None:
+        return problem
+    for args in cases:
+        want = reference(*args)
+        name = call(args) if call else f"fn{tuple(args)}"
+        try:
+            got = float(fn(*args))
+        except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+            return _wrong(f"{name} raised {type(e).__name__}: {e}")
+        if not math.isclose(got, want, rel_tol=rel_tol):
+            return _wrong(mismatch(args, got, want))
+    return _right(success)
+
+
 def _on_two_ranks(worker, fn, success: str) -> Verdict:
     """Run `worker(fn)` on 2 local gloo ranks; it returns None (fine) or what went wrong."""
-    from .launch import RankFailed, run_local
     problem = _function(fn)
     if problem is not None:
         return problem
@@ -83,14 +114,12 @@ def _on_two_ranks(worker, fn, success: str) -> Verdict:
 
 
 def _quiet(worker, fn):
-    import warnings
     warnings.simplefilter("ignore", FutureWarning)   # torch's deprecation notes, per rank
     return worker(fn)
 
 
 def _close(got, want, what: str) -> str | None:
     """None when tensors match (float32 tolerance), else what differs."""
-    import torch
     if not isinstance(got, torch.Tensor):
         return f"{what} should be a tensor, got {type(got).__name__}."
     if got.shape != want.shape:
@@ -104,7 +133,6 @@ def _close(got, want, what: str) -> str | None:
 # ================================================================== collectives
 def check_ring_allreduce_bytes(n: int, size: int, answer) -> Verdict:
     """Bytes one rank sends in a ring all-reduce of `size` bytes over `n` ranks."""
-    from .comm import wire_bytes
     want = wire_bytes("all_reduce", n, size)
     return _number(answer, want, "bytes sent per rank", rel=1e-6, hints=[
         (size, "that is the payload each rank hands in; count what the ring sends: a "
@@ -116,8 +144,6 @@ def check_ring_allreduce_bytes(n: int, size: int, answer) -> Verdict:
 
 
 def _allreduce_worker(fn):
-    import torch
-    import torch.distributed as dist
     rank = dist.get_rank()
     t = torch.arange(6, dtype=torch.float32) * (rank + 1) + rank
     want = sum(torch.arange(6, dtype=torch.float32) * (r + 1) + r for r in range(2))
@@ -144,7 +170,6 @@ def check_allreduce(fn) -> Verdict:
 def check_zero_bytes(n_params: int, n: int, zero: int, answer, grad_bytes: int = 4,
                      param_bytes: int = 4) -> Verdict:
     """Bytes one rank sends per step under ZeRO stage `zero` (one micro-batch)."""
-    from .costmodel import dp_bytes
     want = dp_bytes(n_params, n, zero, 1, grad_bytes, param_bytes)
     g = n_params * grad_bytes
     return _number(answer, want, f"ZeRO-{zero} bytes per rank", rel=1e-6, hints=[
@@ -155,8 +180,6 @@ def check_zero_bytes(n_params: int, n: int, zero: int, answer, grad_bytes: int =
 
 
 def _average_gradients_worker(fn):
-    import torch
-    import torch.distributed as dist
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -183,7 +206,6 @@ def check_average_gradients(fn) -> Verdict:
 # ================================================================== tensor parallelism
 def check_tp_allreduce_bytes(tp: int, b: int, s: int, h: int, bytes_per_elem: int, answer) -> Verdict:
     """Wire bytes per rank of the one all-reduce after a row-parallel layer: [b, s, h]."""
-    from .comm import wire_bytes
     size = b * s * h * bytes_per_elem
     want = wire_bytes("all_reduce", tp, size)
     return _number(answer, want, "bytes sent per rank", rel=1e-6, hints=[
@@ -193,8 +215,6 @@ def check_tp_allreduce_bytes(tp: int, b: int, s: int, h: int, bytes_per_elem: in
 
 
 def _column_parallel_worker(fn):
-    import torch
-    import torch.distributed as dist
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     x, w = torch.randn(3, 5), torch.randn(8, 5)       # nn.Linear's layout: [out, in]
@@ -211,7 +231,6 @@ def check_column_parallel(fn) -> Verdict:
 # ================================================================== pipeline parallelism
 def check_bubble(p: int, m: int, answer, schedule: str = "1f1b") -> Verdict:
     """The bubble fraction of `schedule` with p stages and m micro-batches (t_b = 2 t_f)."""
-    from .parallel.schedules import make_schedule, simulate
     want = simulate(make_schedule(schedule, p, m)).bubble_fraction
     return _number(answer, want, "the bubble fraction", rel=1e-3, hints=[
         ((p - 1) / m, "that is idle over busy time; the fraction is idle over the whole "
@@ -222,26 +241,17 @@ def check_bubble(p: int, m: int, answer, schedule: str = "1f1b") -> Verdict:
 
 def check_interleaved_bubble(fn) -> Verdict:
     """fn(p, m, v) -> the bubble fraction of interleaved 1F1B, v chunks per rank."""
-    from .parallel.schedules import make_schedule, simulate
-    problem = _function(fn)
-    if problem is not None:
-        return problem
-    for p, m, v in [(2, 4, 2), (4, 8, 2), (4, 4, 3), (3, 6, 1)]:
-        want = simulate(make_schedule("interleaved", p, m, v)).bubble_fraction
-        try:
-            got = float(fn(p, m, v))
-        except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
-            return _wrong(f"fn({p}, {m}, {v}) raised {type(e).__name__}: {e}")
-        if not math.isclose(got, want, rel_tol=1e-6):
-            return _wrong(f"fn({p}, {m}, {v}) = {got:.4f}, but the simulated schedule idles "
-                          f"{want:.4f} of the time.")
-    return _right("your formula matches the simulated interleaved schedules.")
+    return _compare_calls(
+        fn, [(2, 4, 2), (4, 8, 2), (4, 4, 3), (3, 6, 1)],
+        lambda p, m, v: simulate(make_schedule("interleaved", p, m, v)).bubble_fraction, 1e-6,
+        lambda args, got, want: f"fn{args} = {got:.4f}, but the simulated schedule idles "
+                                f"{want:.4f} of the time.",
+        "your formula matches the simulated interleaved schedules.")
 
 
 # ================================================================== context parallelism
 def check_contiguous_imbalance(seq_len: int, cp: int, answer) -> Verdict:
     """Busiest over least busy rank's attention work under the contiguous (naive) split."""
-    from .parallel.context import attention_work, contiguous_chunks
     work = attention_work(seq_len, cp, contiguous_chunks)
     want = max(work) / min(work)
     return _number(answer, want, "the imbalance", rel=1e-3, hints=[
@@ -253,9 +263,6 @@ def check_contiguous_imbalance(seq_len: int, cp: int, answer) -> Verdict:
 
 def check_zigzag(fn) -> Verdict:
     """fn(seq_len, rank, cp) -> the positions this CP rank holds, in the order it holds them."""
-    import torch
-    from .grid import Axis
-    from .parallel.context import shard_for_context_parallel
     problem = _function(fn)
     if problem is not None:
         return problem
@@ -280,7 +287,6 @@ def check_zigzag(fn) -> Verdict:
 # ================================================================== 4D
 def check_coords(rank: int, tp: int, cp: int, pp: int, dp: int, answer) -> Verdict:
     """answer: {"tp": .., "cp": .., "pp": .., "dp": ..} of `rank` in the [TP, CP, PP, DP] order."""
-    from .grid import ProcessGrid
     if answer is None:
         return Verdict(None, NOT_ANSWERED)
     want = ProcessGrid(tp, cp, pp, dp).coords(rank)
@@ -297,7 +303,6 @@ def check_coords(rank: int, tp: int, cp: int, pp: int, dp: int, answer) -> Verdi
 
 def check_dp_group(fn) -> Verdict:
     """fn(rank, tp, cp, pp, dp) -> the global ranks of `rank`'s DP group, sorted."""
-    from .grid import ProcessGrid
     problem = _function(fn)
     if problem is not None:
         return problem
@@ -320,7 +325,6 @@ def check_dp_group(fn) -> Verdict:
 def check_mfu(model: ModelConfig, seq_len: int, tokens_per_s: float, n_gpus: int,
               peak_flops: float, answer) -> Verdict:
     """MFU (a fraction, PaLM's 6N + 12 L h s convention) of n_gpus processing tokens_per_s."""
-    from .flops import dense_flops_per_token, mfu
     want = mfu(tokens_per_s, model, seq_len, peak_flops, n_gpus)
     dense = tokens_per_s * dense_flops_per_token(model) / (peak_flops * n_gpus)
     return _number(answer, want, "MFU", rel=5e-3, hints=[
@@ -332,22 +336,13 @@ def check_mfu(model: ModelConfig, seq_len: int, tokens_per_s: float, n_gpus: int
 
 def check_flops_per_token(fn) -> Verdict:
     """fn(model, seq_len) -> model FLOPs per token, PaLM's convention."""
-    from .flops import flops_per_token
-    problem = _function(fn)
-    if problem is not None:
-        return problem
     cases = [(ModelConfig(), 128), (ModelConfig(tie_embeddings=True), 64),
              (ModelConfig.preset("llama3-405b"), 8192)]
-    for model, s in cases:
-        want = flops_per_token(model, s)
-        try:
-            got = float(fn(model, s))
-        except Exception as e:   # noqa: BLE001
-            return _wrong(f"fn({model.name}, {s}) raised {type(e).__name__}: {e}")
-        if not math.isclose(got, want, rel_tol=1e-9):
-            return _wrong(f"for {model.name} at seq_len {s} you count {got:.4g} FLOPs per token, "
-                          f"off by a factor of {got / want:.4g}.")
-    return _right("6 N + 12 L h s, for three models.")
+    return _compare_calls(
+        fn, cases, flops_per_token, 1e-9,
+        lambda args, got, want: f"for {args[0].name} at seq_len {args[1]} you count {got:.4g} "
+                                f"FLOPs per token, off by a factor of {got / want:.4g}.",
+        "6 N + 12 L h s, for three models.", call=lambda args: f"fn({args[0].name}, {args[1]})")
 
 
 # ================================================================== failures
@@ -362,21 +357,13 @@ def check_young_daly_interval(write_s: float, mtbf_s: float, answer) -> Verdict:
 
 def check_expected_waste(fn) -> Verdict:
     """fn(interval_s, write_s, mtbf_s, restart_s) -> fraction of time lost (first order)."""
-    from .checkpoint import expected_waste
-    problem = _function(fn)
-    if problem is not None:
-        return problem
-    for args in [(600.0, 30.0, 3 * 3600.0, 0.0), (1200.0, 60.0, 11134.0, 300.0),
-                 (60.0, 5.0, 600.0, 20.0)]:
-        want = expected_waste(*args)
-        try:
-            got = float(fn(*args))
-        except Exception as e:   # noqa: BLE001
-            return _wrong(f"fn{args} raised {type(e).__name__}: {e}")
-        if not math.isclose(got, want, rel_tol=1e-9):
-            return _wrong(f"fn{args} = {got:.5f}, expected another value (off by "
-                          f"{got - want:+.5f}); count the writes, the restart and the lost work.")
-    return _right("your waste model matches minipar.checkpoint.expected_waste.")
+    return _compare_calls(
+        fn, [(600.0, 30.0, 3 * 3600.0, 0.0), (1200.0, 60.0, 11134.0, 300.0),
+             (60.0, 5.0, 600.0, 20.0)], expected_waste, 1e-9,
+        lambda args, got, want: f"fn{args} = {got:.5f}, expected another value (off by "
+                                f"{got - want:+.5f}); count the writes, the restart and the "
+                                f"lost work.",
+        "your waste model matches minipar.checkpoint.expected_waste.")
 
 
 __all__ = ["Verdict"] + [n for n in dir() if n.startswith("check_")]

@@ -1,0 +1,54 @@
+"""The command line of `python -m minipar.train`: flags generated from the config dataclasses.
+
+Chapter "From a laptop to a cluster". Every flag is a field of `ParallelConfig` or
+`TrainConfig` (`config.opt`): its name, type, default and help are written once, there.
+A bad flag is one line on stderr naming it, and exit status 2, before any rank starts.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ParallelConfig, TrainConfig, add_flags, from_flags
+
+PROG = "python -m minipar.train"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line naming the flag, exit 2, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                description="Train a Llama-style model on tp*cp*pp*dp ranks: local gloo "
+                            "processes, or the torchrun world.")
+    add_flags(p.add_argument_group("layout (ParallelConfig)"), ParallelConfig)
+    add_flags(p.add_argument_group("run (TrainConfig)"), TrainConfig)
+    return p
+
+
+def parse(argv=None) -> TrainConfig:
+    """The run the flags describe (exits 2 on a malformed flag)."""
+    ns = build_parser().parse_args(argv)
+    return from_flags(TrainConfig, ns, parallel=from_flags(ParallelConfig, ns))
+
+
+def error(e: Exception, status: int = 2, detail: bool = False) -> int:
+    """Print `e`'s first line as the CLI's error (and, with `detail`, the rest); return
+    the exit status."""
+    print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+    if detail:
+        print(str(e), file=sys.stderr)
+    return status
+
+
+def print_summary(out: dict) -> None:
+    """The last step's loss, gradient norm and throughput (rank 0 only has records)."""
+    recs = out["records"]
+    if not recs:
+        return
+    last = recs[-1]
+    restarts = f"  (after {len(out['failures'])} restart(s))" if out.get("failures") else ""
+    print(f"step {last['step']}: loss {last['loss']:.6f}  grad_norm {last['grad_norm']:.4f}  "
+          f"{last['tokens_per_s']:.0f} tokens/s" + restarts)

@@ -1,0 +1,110 @@
+"""The hardware the cost model runs on: a cluster's GPUs and how they are wired.
+
+Chapter "MFU and communication volume". A `Cluster` says what one GPU computes and stores
+and how fast it can send, inside a server, inside a pod and between pods;
+`group_bandwidth_GBps` turns that into the bandwidth one process group's ring gets, given
+where its members sit in the [TP, CP, PP, DP] numbering (`axis_group`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What one GPU can do and how the GPUs are wired.
+
+    Bandwidths are per GPU and per direction, as the data sheets give them (NVLink 4: 900
+    GB/s bidirectional = 450 each way; one 400 Gb/s NIC per GPU = 50 GB/s). The network is a
+    hierarchy: GPUs in a server (NVLink), servers in a rack (one switch), racks in a pod
+    (full bisection), pods in the cluster (the pod's uplinks are 1/`pod_oversubscription`
+    of what its GPUs could send).
+    """
+
+    name: str = "custom"
+    peak_tflops: float = 989.0          # dense bf16 per GPU
+    hbm_gb: float = 80.0
+    gpus_per_node: int = 8
+    intra_node_GBps: float = 450.0      # NVLink, per GPU per direction
+    inter_node_Gbps: float = 400.0      # RoCE / InfiniBand NIC, per GPU
+    gpus_per_rack: int = 16
+    pod_size: int = 3072
+    pod_oversubscription: float = 7.0
+    n_gpus: int = 24576
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+    @property
+    def inter_node_GBps(self) -> float:
+        return self.inter_node_Gbps / 8
+
+    def problems(self) -> list[str]:
+        out = []
+        for flag, value in (("--peak-tflops", self.peak_tflops), ("--hbm-gb", self.hbm_gb),
+                            ("--gpus-per-node", self.gpus_per_node),
+                            ("--intra-node-GBps", self.intra_node_GBps),
+                            ("--inter-node-Gbps", self.inter_node_Gbps)):
+            if not value > 0:
+                out.append(f"{flag} {value} must be positive")
+        return out
+
+
+# Llama 3 (Dubey et al. 2024, section 3.3.1): H100 SXM at 700 W with 80 GB HBM3, 8 per
+# server on NVLink, one 400 Gb/s RoCE NIC per GPU, racks of 16 GPUs (two servers), pods of
+# 3,072 GPUs with full bisection bandwidth, 1:7 oversubscription between the 8 pods.
+LLAMA3_CLUSTER = Cluster(name="llama3 (H100 SXM, 24K)", peak_tflops=989.0, hbm_gb=80.0,
+                         gpus_per_node=8, intra_node_GBps=450.0, inter_node_Gbps=400.0,
+                         gpus_per_rack=16, pod_size=3072, pod_oversubscription=7.0,
+                         n_gpus=24576)
+
+
+def group_bandwidth_GBps(cluster: Cluster, stride: int, size: int, world: int,
+                         span: int | None = None) -> float:
+    """Bandwidth per GPU (GB/s, before `Efficiency.network`) of one group's ring.
+
+    Ranks are numbered in the [TP, CP, PP, DP] order and laid out on consecutive GPUs, so a
+    group of `size` ranks `stride` apart covers `span` = stride * size GPUs. Inside one
+    server: NVLink. Otherwise the NIC. If the group spans pods, each of its rings leaves a pod
+    once; the pod's uplink (pod_size * NIC / oversubscription) is shared by the rings of all
+    the world / size groups that run at once (those with a member in the pod).
+    """
+    span = stride * size if span is None else span
+    if span <= cluster.gpus_per_node:
+        return cluster.intra_node_GBps
+    nic = cluster.inter_node_GBps
+    if span <= cluster.pod_size:
+        return nic
+    rings = min(world // size, cluster.pod_size)
+    uplink = cluster.pod_size * nic / cluster.pod_oversubscription
+    return min(nic, uplink / rings)
+
+
+def dp_group_span(pc: ParallelConfig) -> int:
+    """GPUs between the first and the last member of a dp x cp group, plus its CP block: the
+    CP ranks of a model copy are tp apart, the copies tp*cp*pp apart."""
+    block = pc.tp * pc.cp
+    return block * pc.pp * (pc.dp - 1) + block if pc.dp > 1 else block
+
+
+def axis_group(pc: ParallelConfig, axis: str) -> tuple[int, int, int | None]:
+    """(stride, size, span) of one process group of `axis` ("tp", "cp", "pp" or "dp", the
+    last being the dp x cp group ZeRO and the gradient sync use), as `group_bandwidth_GBps`
+    takes them."""
+    if axis == "dp":
+        return pc.tp, pc.dp * pc.cp, dp_group_span(pc)
+    stride, size = {"tp": (1, pc.tp), "cp": (pc.tp, pc.cp), "pp": (pc.tp * pc.cp, pc.pp)}[axis]
+    return stride, size, None
+
+
+def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
+                 network: float) -> float:
+    """Seconds `nbytes` take through one ring of `axis`, at `network` x its bandwidth."""
+    stride, size, span = axis_group(pc, axis)
+    if size <= 1 or nbytes == 0:
+        return 0.0
+    bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * network
+    return nbytes / (bw * 1e9)

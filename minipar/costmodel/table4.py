@@ -1,0 +1,63 @@
+"""Llama 3's Table 4: the three published layouts of 405B, and our prediction of each.
+
+Chapter "MFU and communication volume" (and "The Llama 3 case study"). The model is judged
+here: one set of constants (`Efficiency`) for every row, and `table4_fit_counts` shows how
+many rows each alternative pair of constants would get right.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ModelConfig, ParallelConfig
+from .constants import LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency
+from .hardware import LLAMA3_CLUSTER
+from .time import Estimate, estimate
+
+
+@dataclass(frozen=True)
+class Table4Row:
+    gpus: int
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    seq_len: int
+    tflops_per_gpu: float      # published
+    mfu: float                 # published
+
+    def parallel(self) -> ParallelConfig:
+        """The layout as we read the paper: interleaved 1F1B with one layer per chunk
+        (v = 128 / 16 = 8: "the first model chunk on the first stage has only the
+        embedding"), ZeRO-1-like FSDP (fp32 gradients reduce-scattered once per step),
+        sequence parallelism, all-gather context parallelism."""
+        return ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=1, sp=True,
+                              schedule="interleaved", virtual_stages=8, cp_impl="allgather")
+
+
+TABLE4 = (
+    Table4Row(8192, 8, 1, 16, 64, 8192, 430, 0.43),
+    Table4Row(16384, 8, 1, 16, 128, 8192, 400, 0.41),
+    Table4Row(16384, 8, 16, 16, 8, 131072, 380, 0.38),
+)
+
+
+def table4(efficiency: Efficiency = LLAMA3_EFFICIENCY) -> list[tuple[Table4Row, Estimate]]:
+    """Our prediction for each row of Llama 3's Table 4: bf16, 16M tokens, micro-batch 1."""
+    model = ModelConfig.preset("llama3-405b")
+    return [(row, estimate(model, row.parallel(), LLAMA3_CLUSTER, row.seq_len,
+                           global_batch_tokens=TABLE4_BATCH_TOKENS, microbatch_size=1,
+                           recompute="none", efficiency=efficiency)) for row in TABLE4]
+
+
+def table4_fit_counts(dense, attention, tolerance: float = 0.03,
+                      network: float = LLAMA3_EFFICIENCY.network) -> list[list[int]]:
+    """For each pair of constants (rows: `attention`, columns: `dense`), how many of the
+    three Table 4 rows are predicted within `tolerance` of the published MFU."""
+    out = []
+    for a in attention:
+        eff_row = []
+        for d in dense:
+            eff = Efficiency(dense=float(d), attention=float(a), network=network)
+            eff_row.append(sum(abs(e.mfu - row.mfu) <= tolerance for row, e in table4(eff)))
+        out.append(eff_row)
+    return out

@@ -1,0 +1,96 @@
+"""The batch a step processes, and every rule a model + layout + batch must obey.
+
+Chapter "MFU and communication volume". A `Workload` is the global batch (sequences of
+`seq_len` tokens) cut into micro-batches per data-parallel rank; `layout_problems` lists,
+one line per broken rule and naming the flag, why a layout cannot run it, so that `estimate`
+never predicts a step the trainer would refuse.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config import ConfigError, ModelConfig, ParallelConfig
+from .constants import RECOMPUTE, TABLE4_BATCH_TOKENS
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A global batch of `global_batch` sequences of `seq_len` tokens, fed to each DP rank in
+    micro-batches of `microbatch_size` sequences."""
+
+    seq_len: int
+    global_batch: int
+    microbatch_size: int = 1
+    recompute: str = "none"
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.global_batch
+
+    def microbatches(self, parallel: ParallelConfig) -> int:
+        return self.global_batch // (parallel.dp * self.microbatch_size)
+
+    def tokens_per_microbatch(self, parallel: ParallelConfig) -> int:
+        """Tokens one GPU processes per micro-batch: its 1/cp of each sequence."""
+        return self.microbatch_size * self.seq_len // parallel.cp
+
+
+def make_workload(seq_len: int, global_batch_tokens: int | None = None,
+                  global_batch: int | None = None, microbatch_size: int = 1,
+                  recompute: str = "none") -> Workload:
+    """The batch from either --global-batch-tokens or --global-batch (sequences)."""
+    if global_batch_tokens is not None and global_batch is not None:
+        raise ConfigError("--global-batch-tokens and --global-batch are exclusive: give one")
+    if global_batch is None:
+        tokens = TABLE4_BATCH_TOKENS if global_batch_tokens is None else global_batch_tokens
+        if seq_len < 1:
+            raise ConfigError(f"--seq-len {seq_len} must be a positive integer")
+        if tokens < 1:
+            raise ConfigError(f"--global-batch-tokens {tokens} must be a positive integer")
+        if tokens % seq_len:
+            raise ConfigError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {seq_len}")
+        global_batch = tokens // seq_len
+    return Workload(seq_len, global_batch, microbatch_size, recompute)
+
+
+def workload_problems(parallel: ParallelConfig, work: Workload) -> list[str]:
+    """Rules of the batch itself, beyond `ParallelConfig.problems`."""
+    out = []
+    if work.microbatch_size < 1:
+        return [f"--microbatch-size {work.microbatch_size} must be a positive integer"]
+    if work.global_batch < 1:
+        return [f"--global-batch {work.global_batch} must be a positive integer"]
+    if work.recompute not in RECOMPUTE:
+        out.append(f"--recompute {work.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+    if parallel.dp >= 1 and work.global_batch % parallel.dp == 0:
+        per_rank = work.global_batch // parallel.dp
+        if per_rank % work.microbatch_size:
+            out.append(f"--microbatch-size {work.microbatch_size} does not divide the "
+                       f"{per_rank} sequences per DP rank (--global-batch {work.global_batch} / --dp {parallel.dp})")
+    elif parallel.dp >= 1:
+        out.append(f"--dp {parallel.dp} does not divide the global batch of {work.global_batch} sequences")
+    return out
+
+
+def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload) -> list[str]:
+    """Every rule this model + layout + batch breaks, one line each (empty: all is well)."""
+    out = model.problems() + workload_problems(parallel, work)
+    if out:
+        return out
+    pp, v, n_layers = parallel.pp, parallel.virtual_stages, model.n_layers
+    # A cost model does not care about trained position limits: long-context rows (131K)
+    # run a model whose config says 8K.
+    long_model = replace(model, max_seq_len=max(model.max_seq_len, work.seq_len))
+    for line in parallel.problems(long_model, work.seq_len, work.global_batch):
+        # Llama 3 puts the embedding and the head in stages of their own (`formulas.stage_split`),
+        # so up to n_layers + 2 stages are fine here: that rule is replaced by the one below.
+        if "stages exceeds n_layers" in line:
+            continue
+        if "--microbatches" in line:       # this CLI sets the micro-batch size instead
+            line += (f" (micro-batches per DP rank = --global-batch {work.global_batch} / "
+                     f"(--dp {parallel.dp} x --microbatch-size {work.microbatch_size}))")
+        out.append(line)
+    if pp * v > n_layers + 2:
+        out.append(f"--pp {pp} x --virtual-stages {v} = {pp * v} stages exceeds "
+                   f"n_layers + 2 = {n_layers + 2} (embedding and head may take a stage each)")
+    return list(dict.fromkeys(out))

@@ -1,0 +1,294 @@
+"""ZeRO: data parallelism that stops every rank holding what only one of them needs.
+
+Chapter "Data parallelism", its last three stages, one class each, each a subclass of the
+one before (`DataParallel`, in `data.py`, is stage 0):
+
+    ZeRO1   optimizer state sharded: reduce-scatter the gradients after the step's last
+            micro-batch, update only this rank's piece of each parameter, all-gather the
+            updated parameters. The bytes of an all-reduce (it *is* those two halves).
+    ZeRO2   + gradients sharded: each bucket is reduce-scattered as soon as its gradients
+            exist, every micro-batch, and the full gradient is dropped.
+    ZeRO3   + parameters sharded: a unit's weights are all-gathered just before its forward
+            and again before its backward, and freed after each: 3(n-1)/n of the bytes.
+
+Every piece of state is cut with one layout, `FlatShards`. The optimizer sees only this
+rank's pieces (`optimizer_params`): that is all "sharding the optimizer state" means.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import comm
+from ..grid import Axis
+from .data import DataParallel, Shard, nbytes
+
+
+# ---------------------------------------------------------------- sharding layout
+class FlatShards:
+    """A group of tensors laid out "rank-major" so one collective serves all of them.
+
+    Each tensor is flattened and padded to a multiple of n; rank r owns the r-th n-th of every
+    tensor. Packing puts rank 0's pieces of all tensors first, then rank 1's, ...: a
+    reduce-scatter of the packed buffer leaves each rank exactly its pieces, and an
+    all-gather of the pieces rebuilds the packed buffer.
+    """
+
+    def __init__(self, shapes: list[torch.Size], n: int):
+        self.shapes, self.n = shapes, n
+        self.numels = [math.prod(s) for s in shapes]
+        self.piece_numels = [math.ceil(k / n) for k in self.numels]
+        self.shard_size = sum(self.piece_numels)
+
+    def piece_range(self, i: int, rank: int) -> tuple[int, int]:
+        """Where rank's piece of tensor i lies in that tensor, flattened (without padding)."""
+        k, pk = self.numels[i], self.piece_numels[i]
+        return min(rank * pk, k), min((rank + 1) * pk, k)
+
+    def pack(self, tensors) -> torch.Tensor:
+        pieces = [[] for _ in range(self.n)]
+        for t, k, pk in zip(tensors, self.numels, self.piece_numels):
+            flat = F.pad(t.reshape(-1), (0, pk * self.n - k))
+            for r, piece in enumerate(flat.split(pk)):
+                pieces[r].append(piece)
+        return torch.cat([torch.cat(p) for p in pieces])
+
+    def unpack(self, packed: torch.Tensor) -> list[torch.Tensor]:
+        per_rank = [p.split(self.piece_numels) for p in packed.split(self.shard_size)]
+        return [torch.cat([per_rank[r][i] for r in range(self.n)])[:k].view(shape)
+                for i, (k, shape) in enumerate(zip(self.numels, self.shapes))]
+
+    def pad_pieces(self, pieces) -> torch.Tensor:
+        """This rank's (unpadded) pieces -> its padded slot of the packed buffer."""
+        return torch.cat([F.pad(x.reshape(-1), (0, pk - x.numel()))
+                          for x, pk in zip(pieces, self.piece_numels)])
+
+    def unpad_pieces(self, slot: torch.Tensor, rank: int) -> list[torch.Tensor]:
+        out = []
+        for i, x in enumerate(slot.split(self.piece_numels)):
+            a, b = self.piece_range(i, rank)
+            out.append(x[:b - a])
+        return out
+
+
+class ShardedBucket:
+    """Parameters whose gradients are reduce-scattered together, and this rank's piece of
+    each. A piece is a 1-D tensor; its `.grad`, once reduce-scattered, is this rank's piece
+    of the summed gradient."""
+
+    def __init__(self, params: list[nn.Parameter], n: int, rank: int):
+        self.params = params
+        self.layout = FlatShards([p.shape for p in params], n)
+        self.ready = 0            # gradients accumulated so far in this backward
+        self.pending = None       # the reduce-scatter in flight: a comm.Handle
+        # views of the parameters: ZeRO-1/2 update the full parameter in place
+        self.pieces = [p.data.view(-1)[slice(*self.layout.piece_range(i, rank))]
+                       for i, p in enumerate(params)]
+        self.gathering = None     # ZeRO-3: a prefetch all-gather in flight
+        self.prev = self.next = None   # ZeRO-3: the units run just before and after this one
+
+    def start_step(self):
+        self.ready, self.pending = 0, None
+        for p, x in zip(self.params, self.pieces):
+            p.grad = x.grad = None
+
+    def add_piece_grads(self, mine: list[torch.Tensor]):
+        """Accumulate this rank's pieces of a reduce-scattered sum (one per micro-batch
+        under ZeRO-2)."""
+        for x, g in zip(self.pieces, mine):
+            x.grad = g if x.grad is None else x.grad + g
+
+
+# ------------------------------------------------------------------------ ZeRO-1
+class ZeRO1(DataParallel):
+    """Optimizer state sharded: the optimizer updates only this rank's pieces."""
+
+    holds_replicas = False
+
+    def _bucket(self, params: list[nn.Parameter]) -> ShardedBucket:
+        return ShardedBucket(params, self.n, self.rank)
+
+    def _launch(self, b: ShardedBucket):
+        grads = [p.grad if p.grad is not None else torch.zeros(s, dtype=p.dtype, device=p.device)
+                 for p, s in zip(b.params, b.layout.shapes)]
+        b.pending = comm.reduce_scatter(b.layout.pack(grads), self.axis, async_op=True)
+        if self.timeline is not None:
+            self._mark_launch(b)
+
+    def _finish(self, b: ShardedBucket):
+        summed = self._wait(b)
+        if summed is not None:      # my slot of the sum: my piece of every gradient
+            b.add_piece_grads(b.layout.unpad_pieces(summed, self.rank))
+
+    def finish_backward(self):
+        """After it, each piece's `.grad` is this rank's piece of the summed gradient
+        (zeros where none arrived), ready for clipping and a plain optimizer step."""
+        super().finish_backward()
+        for b in self.buckets:
+            for x in b.pieces:
+                if x.grad is None:
+                    x.grad = torch.zeros_like(x)
+
+    def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
+        """(this rank's piece of the gradient, its parameter): each held by one rank only."""
+        return [(x.grad, p) for b in self.buckets for x, p in zip(b.pieces, b.params)
+                if x.grad is not None]
+
+    def optimizer_params(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
+        return [(x, p) for b in self.buckets for p, x in zip(b.params, b.pieces)]
+
+    def shard_of(self, p: nn.Parameter) -> Shard:
+        """This rank's piece of `p`: a view of it (ZeRO-1/2), or its only copy (ZeRO-3)."""
+        b = self.bucket_of[p]
+        i = next(i for i, q in enumerate(b.params) if q is p)
+        start, stop = b.layout.piece_range(i, self.rank)
+        return Shard(b.layout.shapes[i], start, stop, b.pieces[i], b.pieces[i])
+
+    @torch.no_grad()
+    def after_optimizer_step(self):
+        """Each rank updated its pieces in place; everyone needs the whole model again."""
+        for b in self.buckets:
+            packed = comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis)
+            for p, full in zip(b.params, b.layout.unpack(packed)):
+                p.copy_(full)
+
+
+# ------------------------------------------------------------------------ ZeRO-2
+class ZeRO2(ZeRO1):
+    """+ gradients sharded: no full gradient outlives its bucket's reduce-scatter."""
+
+    # Keep at most this many buckets' packed copies in flight, so that they do not add up
+    # to a full gradient again.
+    MAX_IN_FLIGHT = 2
+
+    def __init__(self, modules: list[nn.Module], axis: Axis, bucket_mb: float = 25.0):
+        self.in_flight: list[ShardedBucket] = []
+        super().__init__(modules, axis, bucket_mb)
+
+    def set_last_microbatch(self, last: bool):
+        """No full gradient is left to accumulate into over micro-batches: every
+        micro-batch's backward reduce-scatters, whatever `last` says."""
+        self.sync = True
+
+    def _launch(self, b: ShardedBucket):
+        self._finish(b)             # its previous micro-batch's reduce-scatter first
+        super()._launch(b)
+        # the packed copy is in flight; the full gradient can go now
+        for p in b.params:
+            p.grad = None
+        self.in_flight.append(b)
+        while len(self.in_flight) > self.MAX_IN_FLIGHT:
+            self._finish(self.in_flight.pop(0))
+
+    def finish_backward(self):
+        super().finish_backward()
+        self.in_flight.clear()
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {**super().memory_bytes(),
+                "grads": nbytes(x.grad for b in self.buckets for x in b.pieces)}
+
+
+# ------------------------------------------------------------------------ ZeRO-3
+class ZeRO3(ZeRO2):
+    """+ parameters sharded: a unit's weights exist only while it runs.
+
+    `units`: the modules whose weights are gathered together (each transformer block, the
+    embedding, final norm and head); each is one bucket.
+    """
+
+    naive = False       # a unit is reduce-scattered as soon as its backward is done
+
+    def __init__(self, modules: list[nn.Module], axis: Axis, bucket_mb: float = 25.0,
+                 units: list[nn.Module] | None = None):
+        self.units = [u for u in (units or modules) if any(True for _ in u.parameters())]
+        super().__init__(modules, axis, bucket_mb)
+        self._link_neighbours(modules)
+        for b, u in zip(self.buckets, self.units):
+            self._free_params(b)
+            u.register_forward_pre_hook(lambda m, a, b=b: self._gather_unit(b, prefetch=b.next))
+            u.register_forward_hook(lambda m, a, out, b=b: self._after_forward(b, out))
+
+    def _make_buckets(self, modules, bucket_mb) -> list[ShardedBucket]:
+        return [self._bucket(list(u.parameters())) for u in self.units]
+
+    def _bucket(self, params: list[nn.Parameter]) -> ShardedBucket:
+        b = super()._bucket(params)
+        # the pieces become the only copy: the full parameters exist only while a unit runs
+        b.pieces = [x.clone() for x in b.pieces]
+        return b
+
+    def _link_neighbours(self, modules):
+        """Which unit runs next in forward (and so, previous in backward): the next in the
+        list, within the same module. A prefetch never crosses into another pipeline chunk,
+        whose turn may come much later."""
+        owner = [next(i for i, m in enumerate(modules) if any(u is x for x in m.modules()))
+                 for u in self.units]
+        for i in range(1, len(self.buckets)):
+            if owner[i - 1] == owner[i]:
+                self.buckets[i - 1].next, self.buckets[i].prev = self.buckets[i], self.buckets[i - 1]
+
+    # -- gathering and freeing ------------------------------------------------------------
+    def _gathered(self, b: ShardedBucket) -> bool:
+        return b.params[0].shape == b.layout.shapes[0]
+
+    def _gather_unit(self, b: ShardedBucket, prefetch: ShardedBucket | None = None):
+        """Make this unit's weights whole, then start gathering `prefetch`, the unit that
+        runs after it (the next in forward, the previous in backward), so that its
+        all-gather overlaps with this unit's compute: FSDP's prefetch."""
+        if b.gathering is not None:
+            packed, b.gathering = b.gathering.wait(), None
+        elif not self._gathered(b):
+            packed = comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis)
+        else:
+            packed = None          # already whole (e.g. forward and backward back to back)
+        if packed is not None:
+            for p, full in zip(b.params, b.layout.unpack(packed)):
+                p.data = full
+        if prefetch is not None and prefetch.gathering is None and not self._gathered(prefetch):
+            prefetch.gathering = comm.all_gather(prefetch.layout.pad_pieces(prefetch.pieces),
+                                                 self.axis, async_op=True)
+
+    def _after_forward(self, b: ShardedBucket, out):
+        self._free_params(b)
+        # gather again just before this unit's backward: when its output's gradient arrives
+        if torch.is_tensor(out) and out.requires_grad:
+            out.register_hook(lambda g, b=b: self._gather_unit(b, prefetch=b.prev))
+
+    def _free_params(self, b: ShardedBucket):
+        for p in b.params:
+            # no elements, but as many dims: whoever asks p.dim() (weight decay goes to
+            # matrices only) gets the same answer whether the unit is gathered or not
+            p.data = torch.empty((0,) * p.dim(), dtype=p.dtype, device=p.device)
+
+    def gather_module(self, module: nn.Module):
+        """Make every unit inside `module` whole again. Zero-bubble's W computes weight
+        gradients long after B, and a forward of another micro-batch in between has freed
+        the weights W needs."""
+        mine = {id(p) for p in module.parameters()}
+        for b in self.buckets:
+            if id(b.params[0]) in mine:
+                self._gather_unit(b)
+
+    # -- the step ----------------------------------------------------------------------
+    def _launch(self, b: ShardedBucket):
+        super()._launch(b)
+        self._free_params(b)        # the unit's backward is done
+
+    def after_optimizer_step(self):
+        """The pieces, updated in place, are the only copy: nothing to gather until a unit
+        runs. A prefetch still in flight carries the weights from before the update: drop it."""
+        for b in self.buckets:
+            if b.gathering is not None:
+                b.gathering.wait()
+                b.gathering = None
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {**super().memory_bytes(),
+                "params": nbytes(x for b in self.buckets for x in b.pieces)}
+
+
+ZERO_STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}

@@ -1,0 +1,23 @@
+"""The book's figures, one module per chapter in the book's order.
+
+Each function draws one figure from plain results (measured numbers, estimates, schedules)
+and returns its Axes or Figure: no global state, no timestamps, the same picture for the
+same arguments, and no model logic (formulas live in `minipar.formulas` and the cost model).
+The notebooks import them all at once: `from minipar.teach import figures as viz`.
+"""
+from .collectives import RING_FRACTION, RING_LABEL, plot_all_reduce_time, plot_ring_bytes
+from .data_parallel import (overlap_rows, plot_comm_per_stage, plot_loss_curves,
+                            plot_overlap_timeline, plot_zero_memory)
+from .tensor_parallel import plot_saved_activations, plot_tp_comm, plot_tp_memory
+from .pipeline_parallel import plot_bubble_vs_microbatches, plot_schedule, plot_trace
+from .context_parallel import (plot_allgather_mask, plot_cp_bytes, plot_cp_layout,
+                               plot_cp_memory, plot_cp_work)
+from .fourd import plot_rank_grid
+from .mfu import (comm_volume_figure, constants_figure, measured_vs_predicted_figure,
+                  memory_figure, network_figure, table4_figure)
+from .failures import plot_checkpoint_waste, plot_interruptions, plot_restart_curves
+
+# Not figures: the notebooks call these two as viz.X next to the figures (mfu:
+# viz.wire_seconds, data_parallel: viz.zero_bytes_per_param). Defined where they belong.
+from ...costmodel import wire_seconds
+from ...formulas import zero_bytes_per_param

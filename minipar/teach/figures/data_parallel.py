@@ -1,0 +1,138 @@
+"""Figures of the data-parallel chapter: overlap, ZeRO's memory and traffic, equal losses.
+
+The timeline of one step (each bucket's all-reduce launched during the backward, waited for
+at its end), what one rank holds under ZeRO-0/1/2/3, the bytes each stage sends per step,
+and the loss curves that show every layout trains the same model. Each takes plain numbers
+(DataParallel.timeline, memory_bytes, CommLog, train()'s records): the notebook measures,
+these only draw.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ..style import COLORS, MEMORY_PARTS, formula_marks, stacked_bars
+
+
+def overlap_rows(events):
+    """From a DataParallel timeline [(event, bucket, t)] (plus the caller's forward /
+    backward / end marks with bucket None): the compute spans and, per bucket, when its
+    collective was launched, completed and waited for. Pure; the plot draws what it returns."""
+    marks = {e: t for e, i, t in events if i is None}
+    buckets: dict[int, dict] = {}
+    for e, i, t in events:
+        if i is not None:
+            buckets.setdefault(i, {})[e] = t
+    compute = [("forward", marks["forward"], marks["backward"]),
+               ("backward", marks["backward"], marks["backward end"])]
+    return compute, dict(sorted(buckets.items())), marks
+
+
+def plot_overlap_timeline(runs: dict, ax=None):
+    """One panel per run: forward and backward on the top row, then each bucket's
+    collective as a bar from launch to completion (a tick where the wait returned), and a
+    dashed line where every gradient is summed and the optimizer may step.
+
+    runs: {title: events}, events as `overlap_rows` takes them (times in seconds).
+    """
+    if ax is None:
+        _, ax = plt.subplots(len(runs), 1, figsize=(8, 2.6 * len(runs)), sharex=True,
+                             squeeze=False)
+        ax = ax[:, 0]
+    axes = list(ax) if hasattr(ax, "__len__") else [ax]
+    for a, (title, events) in zip(axes, runs.items()):
+        _draw_overlap(a, title, *overlap_rows(events))
+    axes[-1].set_xlabel("time since the forward pass began (s)")
+    return axes
+
+
+def _draw_overlap(a, title: str, compute, buckets: dict, marks: dict):
+    """One run's panel of `plot_overlap_timeline`."""
+    for name, t0, t1 in compute:
+        a.barh(0, t1 - t0, left=t0, height=0.8, color=COLORS[name], edgecolor="black",
+               linewidth=0.5, label=name)
+    # buckets share rows 1..6 however many there are (naive: one per parameter)
+    pitch = 6 / max(len(buckets), 6)
+    ys = [1 + k * pitch for k in range(len(buckets))]
+    for y, ev in zip(ys, buckets.values()):
+        end = ev.get("complete", ev.get("done", ev["launch"]))
+        a.barh(y, end - ev["launch"], left=ev["launch"], height=0.8 * pitch,
+               color=COLORS["sync"], edgecolor="black" if pitch > 0.5 else "none",
+               linewidth=0.5, label="all-reduce, launch to complete" if y == 1 else None)
+        if "done" in ev:
+            a.plot([ev["done"]] * 2, [y - 0.4 * pitch, y + 0.4 * pitch], color="black",
+                   linewidth=1, label="wait returned" if y == 1 else None)
+    a.axvline(marks["synced"], color="black", linestyle="--", linewidth=1,
+              label="gradients summed")
+    a.set_ylim(1 + (len(buckets) - 1) * pitch + 0.5 * max(pitch, 1), -0.5)
+    shown = list(zip(ys, buckets)) if len(buckets) <= 12 else \
+        [(ys[0], next(iter(buckets))), (ys[-1], list(buckets)[-1])]
+    a.set_yticks([0] + [y for y, _ in shown])
+    a.set_yticklabels(["compute"] + [f"bucket {i}" for _, i in shown], fontsize=8)
+    a.set_title(f"{title}: gradients summed at {marks['synced'] - marks['forward']:.3f} s",
+                fontsize=10)
+    a.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+
+
+def plot_zero_memory(per_stage: dict, unit: float = 1e6, unit_name: str = "MB",
+                     title: str = "", limit: float | None = None, limit_label: str = "",
+                     ax=None):
+    """Stacked bars of what one rank holds, per ZeRO stage: {stage: {params, grads,
+    optimizer}} in bytes. `limit` draws a horizontal line (e.g. a GPU's memory)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.6))
+    stages = list(per_stage)
+    totals = stacked_bars(ax, {part: [per_stage[s][part] / unit for s in stages]
+                               for part in MEMORY_PARTS}, edgecolor="black", linewidth=0.5)
+    for x, total in enumerate(totals):
+        ax.text(x, total, f"{total:,.0f}" if total >= 100 else f"{total:.3g}", ha="center",
+                va="bottom", fontsize=8)
+    top = max(totals)
+    if limit is not None:
+        ax.axhline(limit / unit, color="red", linestyle="--", linewidth=1,
+                   label=limit_label or None)
+        top = max(top, limit / unit)
+    ax.set_xticks(range(len(stages)))
+    ax.set_xticklabels([f"ZeRO-{s}" if isinstance(s, int) else str(s) for s in stages])
+    ax.set_ylabel(f"per rank ({unit_name})")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(0, top * 1.15)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_comm_per_stage(comm_by_run: dict, grad_bytes: int, formulas: dict | None = None,
+                        ax=None):
+    """Data-parallel bytes sent per rank and step, by op, over the gradient bytes G:
+    {label: {op: wire_bytes}}; `formulas` {label: value} marks the expected multiple of G."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    labels = list(comm_by_run)
+    per_op = {op: [comm_by_run[k].get(op, 0) / grad_bytes for k in labels]
+              for op in ("all_reduce", "reduce_scatter", "all_gather")}
+    stacked_bars(ax, {op: v for op, v in per_op.items() if any(v)},
+                 labels={op: op.replace("_", "-") for op in per_op},
+                 edgecolor="black", linewidth=0.5)
+    formula_marks(ax, {x: formulas[k] for x, k in enumerate(labels) if k in (formulas or {})})
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels([k.replace(", ", "\n") for k in labels], fontsize=8)
+    ax.set_ylabel("bytes sent per rank / G")
+    ax.set_title("data-parallel traffic per step (G = gradient bytes)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
+def plot_loss_curves(curves: dict, reference: str, ax=None):
+    """Loss per step of several layouts over the reference's; the reference is drawn wide
+    underneath so that coinciding curves are visible as coinciding."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    ref = curves[reference]
+    ax.plot(range(len(ref)), ref, color="lightgrey", linewidth=6, label=reference, zorder=1)
+    markers = "os^vD<>p*h"
+    for k, (label, losses) in enumerate((l, c) for l, c in curves.items() if l != reference):
+        ax.plot(range(len(losses)), losses, marker=markers[k % len(markers)], markersize=4,
+                linewidth=1, label=label, zorder=2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    return ax

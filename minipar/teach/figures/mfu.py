@@ -1,0 +1,166 @@
+"""Figures of the MFU chapter: the cost model against Llama 3's Table 4, and why.
+
+Published vs predicted MFU for the three rows of Table 4, the bytes and the seconds each
+axis puts on the wire, the memory of the most loaded GPU, the network hierarchy each axis's
+groups span, how tightly Table 4 pins the two compute constants, and a tiny measured run
+against the model's prediction. Every number comes from `minipar.costmodel`.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import Rectangle
+
+from ...costmodel import (LLAMA3_CLUSTER, LLAMA3_EFFICIENCY, TABLE4, table4, table4_fit_counts,
+                          wire_seconds)
+from ..style import AXES, AXIS_NAMES, COLORS, stacked_bars
+
+
+def table4_figure(results=None):
+    """Published vs predicted MFU for the three rows of Llama 3's Table 4, with the +-3 point
+    band the prediction must fall in. `results`: `costmodel.table4()` (computed if None)."""
+    results = results if results is not None else table4()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    xs = range(len(results))
+    published = [100 * row.mfu for row, _ in results]
+    predicted = [100 * est.mfu for _, est in results]
+    ax.bar([x - 0.2 for x in xs], published, 0.4, label="published (Llama 3, Table 4)",
+           color=COLORS["reference"])
+    ax.bar([x + 0.2 for x in xs], predicted, 0.4, label="predicted (minipar.costmodel)",
+           color=COLORS["compute"])
+    for x, p, q in zip(xs, published, predicted):
+        ax.add_patch(Rectangle((x - 0.42, p - 3), 0.84, 6, fill=False, ls=":", ec="black", lw=0.8))
+        ax.text(x - 0.2, p + 0.4, f"{p:.0f}", ha="center", fontsize=9)
+        ax.text(x + 0.2, q + 0.4, f"{q:.1f}", ha="center", fontsize=9)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{row.gpus:,} GPUs\nTP{row.tp} CP{row.cp} PP{row.pp} DP{row.dp}\nseq {row.seq_len:,}"
+                        for row, _ in results], fontsize=8)
+    ax.set_ylabel("MFU (%)")
+    ax.set_ylim(0, 55)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("Llama 3 405B: one set of constants, three rows (dotted: +-3 points)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def comm_volume_figure(estimates: dict, cluster=None):
+    """Bytes each GPU sends per step, stacked by axis (left), and the seconds those bytes
+    take on their links (right): bytes are not time, TP's are many but travel on NVLink.
+    `estimates`: {label: Estimate}."""
+    cluster = cluster or LLAMA3_CLUSTER
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.6))
+    labels, es = list(estimates), list(estimates.values())
+    stacked_bars(ax, {a: [e.comm_bytes_per_gpu[a] / 1e9 for e in es] for a in AXES}, AXIS_NAMES)
+    stacked_bars(bx, {a: [wire_seconds(e, a, cluster) for e in es] for a in AXES}, AXIS_NAMES)
+    for a, title, unit in ((ax, "bytes sent per GPU per step", "GB"),
+                           (bx, "time on the wire (not all exposed)", "s")):
+        a.set_xticks(range(len(labels)))
+        a.set_xticklabels(labels, fontsize=8)
+        a.set_ylabel(unit)
+        a.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def memory_figure(estimates: dict, hbm_gb: float = 80.0):
+    """Memory of the most loaded GPU, stacked: parameters, gradients, optimizer state,
+    activations; the dashed line is the HBM. `estimates`: {label: Estimate}."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(estimates) + 2), 3.6))
+    es = list(estimates.values())
+    parts = list(es[0].memory_breakdown_gb) if es else []
+    totals = stacked_bars(ax, {p: [e.memory_breakdown_gb[p] for e in es] for p in parts})
+    for i, total in enumerate(totals):
+        ax.text(i, total + 1, f"{total:.0f}", ha="center", fontsize=8)
+    ax.axhline(hbm_gb, ls="--", color="black", lw=1)
+    ax.text(len(estimates) - 0.5, hbm_gb + 1, f"HBM {hbm_gb:g} GB", ha="right", fontsize=8)
+    ax.set_xticks(range(len(estimates)))
+    ax.set_xticklabels(list(estimates), fontsize=8)
+    ax.set_ylabel("GB per GPU")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("memory of the most loaded GPU", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def network_levels(cluster) -> list[tuple]:
+    """(name, first GPU, last GPU, link, background colour) of each level of the network."""
+    return [
+        ("server", 1, cluster.gpus_per_node, f"NVLink {cluster.intra_node_GBps:g} GB/s", "#DCE9F5"),
+        ("rack", cluster.gpus_per_node, cluster.gpus_per_rack, "ToR switch", "#E6F2E1"),
+        ("pod", cluster.gpus_per_rack, cluster.pod_size,
+         f"RoCE {cluster.inter_node_Gbps:g} Gb/s, full bisection", "#F7E6D6"),
+        ("cluster", cluster.pod_size, cluster.n_gpus,
+         f"1:{cluster.pod_oversubscription:g} between pods", "#EEE0EE"),
+    ]
+
+
+def network_figure(parallel=None, cluster=None):
+    """The network hierarchy (server -> rack -> pod -> cluster) on a log scale of GPUs, with
+    the range of GPUs each parallel axis's groups cover under the [TP, CP, PP, DP] order."""
+    cluster = cluster or LLAMA3_CLUSTER
+    pc = parallel or TABLE4[2].parallel()
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.set_xscale("log", base=2)
+    for name, lo, hi, link, color in network_levels(cluster):
+        ax.axvspan(lo, hi, color=color, zorder=0)
+        ax.text((lo * hi) ** 0.5, 4.55, f"{name}\n(up to {hi:,})", ha="center", va="center", fontsize=8)
+        ax.text((lo * hi) ** 0.5, -0.75, link, ha="center", va="center", fontsize=7)
+    spans = [("tp", 1, pc.tp), ("cp", pc.tp, pc.tp * pc.cp), ("pp", pc.tp * pc.cp, pc.tp * pc.cp * pc.pp),
+             ("dp", pc.tp * pc.cp * pc.pp, pc.world_size)]
+    for y, (axis, lo, hi) in zip((3.3, 2.4, 1.5, 0.6), spans):
+        if hi > lo:
+            ax.barh(y, hi - lo, left=lo, height=0.55, color=COLORS[axis])
+        ax.text(hi * 1.08 if hi > lo else lo * 1.08, y,
+                f"{AXIS_NAMES[axis]} = {hi // lo}" + ("" if hi > lo else " (unused)"),
+                va="center", fontsize=8)
+    ax.set_xlim(1, cluster.n_gpus * 1.05)
+    ax.set_ylim(-1.2, 5.2)
+    ax.set_yticks([])
+    ax.set_xlabel("GPUs spanned by one group (log scale)")
+    ax.set_title(f"where each axis sits: TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp} on {pc.world_size:,} GPUs",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def constants_figure(dense=None, attention=None, tolerance: float = 0.03, counts=None):
+    """Which (dense, attention) efficiency constants put all three Table 4 rows within
+    +-`tolerance` of the published MFU: the shaded region, with the book's choice marked.
+    `counts`: `costmodel.table4_fit_counts(dense, attention, tolerance)` if already known."""
+    dense = dense if dense is not None else np.linspace(0.40, 0.70, 31)
+    attention = attention if attention is not None else np.linspace(0.10, 0.50, 41)
+    ok = np.array(counts if counts is not None else table4_fit_counts(dense, attention, tolerance))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    mesh = ax.pcolormesh(dense, attention, ok, shading="nearest", cmap="Blues", vmin=0, vmax=3)
+    cbar = fig.colorbar(mesh, ax=ax, ticks=[0, 1, 2, 3])
+    cbar.set_label(f"rows within +-{100 * tolerance:.0f} points")
+    best = LLAMA3_EFFICIENCY
+    ax.plot(best.dense, best.attention, "r*", ms=12, label="the book's constants")
+    ax.set_xlabel("dense efficiency (fraction of peak)")
+    ax.set_ylabel("attention efficiency (fraction of peak)")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("how tightly Table 4 pins the two compute constants", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def measured_vs_predicted_figure(measured: dict, predicted: dict, title: str = ""):
+    """Wire bytes per axis as CommLog measured them (rank 0) next to the cost model's
+    prediction. measured: {axis: {op: {"wire_bytes": ...}}} (the `comm` of --log-json);
+    predicted: {axis: bytes} (`costmodel.comm_bytes_per_gpu`)."""
+    axes = [a for a in AXES if predicted.get(a) or measured.get(a)]
+    got = [sum(op["wire_bytes"] for op in measured.get(a, {}).values()) / 1e3 for a in axes]
+    want = [predicted.get(a, 0) / 1e3 for a in axes]
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    xs = range(len(axes))
+    ax.bar([x - 0.2 for x in xs], got, 0.4, label="measured (CommLog)", color=COLORS["reference"])
+    ax.bar([x + 0.2 for x in xs], want, 0.4, label="predicted (cost model)",
+           color=[COLORS[a] for a in axes])
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([AXIS_NAMES[a] for a in axes], fontsize=8)
+    ax.set_ylabel("kB sent by rank 0 per step")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "tiny gloo run: measured vs predicted", fontsize=10)
+    fig.tight_layout()
+    return fig
