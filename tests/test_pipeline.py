@@ -19,9 +19,9 @@ import torch
 from minipar.config import PRESETS, ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer, cross_entropy_sum
-from minipar.parallel.pipeline import (Message, SavedBytes, backward_input, backward_weight,
-                                       boundary_shape, build_stage_modules, check_p2p_plan,
-                                       inputs_of, outputs_of, p2p_plan)
+from minipar.parallel.pipeline import (SavedBytes, backward_input, backward_weight,
+                                       boundary_shape, build_stage_modules)
+from minipar.parallel.schedules import Message, check_p2p_plan, inputs_of, outputs_of, p2p_plan
 from minipar.parallel.schedules import make_schedule, peak_in_flight, split_layers
 from minipar.train import main
 

@@ -10,8 +10,9 @@ stage, runs the backward and sends the gradient of the input back. The schedule 
 this file only obeys it.
 
     build_stage_modules          this rank's chunks, with exactly the single-device weights
-    p2p_plan                     each rank's program: receives, computes, sends, in one order
-    pipeline_forward_backward    run one step's program; return this rank's share of the loss
+    pipeline_forward_backward    run one step's program (`schedules.p2p_plan`: receives,
+                                 computations, sends, in one order); return this rank's
+                                 share of the loss
 
 Three things a toy executor gets wrong, and how this one gets them right:
 
@@ -63,7 +64,7 @@ from ..formulas import split_layers
 from ..grid import Axis, mark_replica
 from ..model import Transformer
 from .context import shard_sequence
-from .schedules import Action, make_schedule, simulate, stage_of
+from .schedules import Action, Message, inputs_of, make_schedule, outputs_of, p2p_plan, stage_of
 
 
 # ===================================================================== the stages
@@ -136,105 +137,6 @@ def sync_tied_gradients(chunks, dp, grid):
     for m in chunks:
         if m.lm_head is not None and "pp" not in getattr(m.lm_head.weight, "_replica_axes", ()):
             mark_replica(m.lm_head.weight, "pp")
-
-
-# ============================================================ messages and the plan
-class Message(NamedTuple):
-    """What one stage sends another: the activation of `microbatch` leaving `src_stage`
-    forwards ("act"), or the gradient w.r.t. its input going backwards ("grad")."""
-
-    kind: str
-    microbatch: int
-    src_stage: int
-
-    @property
-    def dst_stage(self) -> int:
-        return self.src_stage + 1 if self.kind == "act" else self.src_stage - 1
-
-    def tag(self, n_microbatches: int) -> int:
-        return 2 * (self.src_stage * n_microbatches + self.microbatch) + (self.kind == "grad")
-
-
-def inputs_of(a: Action, rank: int, p: int, n_stages: int) -> list[Message]:
-    """Messages action `a` on `rank` must receive before it can run."""
-    s = a.stage(rank, p)
-    if a.kind == "F" and s > 0:
-        return [Message("act", a.microbatch, s - 1)]
-    if a.kind == "B" and s < n_stages - 1:
-        return [Message("grad", a.microbatch, s + 1)]
-    return []
-
-
-def outputs_of(a: Action, rank: int, p: int, n_stages: int) -> list[Message]:
-    """Messages action `a` on `rank` sends when it is done."""
-    s = a.stage(rank, p)
-    if a.kind == "F" and s < n_stages - 1:
-        return [Message("act", a.microbatch, s)]
-    if a.kind == "B" and s > 0:
-        return [Message("grad", a.microbatch, s)]
-    return []
-
-
-def p2p_plan(schedule) -> list[list[tuple[str, object]]]:
-    """Each rank's program for one step: ("recv", Message), ("compute", Action) and
-    ("send", Message) steps, every rank's in one global order.
-
-    The order is the simulated timeline's (t_f = t_b = t_w = 1; only the order matters,
-    not the times): a message is keyed by the time its producer finishes, on both ends, a
-    computation by its start, and at equal times messages come first. A receive is thus
-    posted after the previous computation and before the one that needs it; a send right
-    after the computation that produced it.
-    """
-    p = len(schedule)
-    n_stages = p * (1 + max(a.chunk for acts in schedule for a in acts))
-    when = {(e.rank, e.kind, e.microbatch, e.chunk): (e.start, e.end)
-            for e in simulate(schedule, 1.0, 1.0, 1.0).events}
-
-    def produced(msg: Message) -> float:
-        rank, chunk = msg.src_stage % p, msg.src_stage // p
-        return when[(rank, "F" if msg.kind == "act" else "B", msg.microbatch, chunk)][1]
-
-    plan = []
-    for r, acts in enumerate(schedule):
-        keyed = []
-        for i, a in enumerate(acts):
-            start, end = when[(r, a.kind, a.microbatch, a.chunk)]
-            keyed += [((produced(msg), 0, msg), ("recv", msg)) for msg in inputs_of(a, r, p, n_stages)]
-            keyed.append(((start, 1, (i,)), ("compute", a)))
-            keyed += [((end, 0, msg), ("send", msg)) for msg in outputs_of(a, r, p, n_stages)]
-        plan.append([step for _, step in sorted(keyed, key=lambda kv: kv[0])])
-    return plan
-
-
-def check_p2p_plan(plan) -> None:
-    """Run `plan` as if every send and receive blocked until its partner is posted (the
-    strictest transport, a rendezvous) and raise `RuntimeError` if it cannot finish.
-    It also proves each pair of ranks posts its messages to each other in the same order."""
-    p = len(plan)
-    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for prog in plan
-                       for kind, m in prog if kind != "compute")
-    where = lambda s: s % p                          # noqa: E731 - the rank of a global stage
-    pos = [0] * p
-    while True:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(plan[r]) and plan[r][pos[r]][0] == "compute":
-                pos[r] += 1
-                moved = True
-            if pos[r] == len(plan[r]):
-                continue
-            kind, msg = plan[r][pos[r]]
-            peer = where(msg.dst_stage if kind == "send" else msg.src_stage)
-            partner = ("recv" if kind == "send" else "send", msg)
-            if pos[peer] < len(plan[peer]) and plan[peer][pos[peer]] == partner:
-                pos[r] += 1
-                pos[peer] += 1
-                moved = True
-        if all(pos[r] == len(plan[r]) for r in range(p)):
-            return
-        if not moved:
-            stuck = [f"rank {r} at {plan[r][pos[r]]}" for r in range(p) if pos[r] < len(plan[r])]
-            raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(stuck))
 
 
 def boundary_shape(rows: int, seq_local: int, dim: int, pcfg) -> tuple[int, int, int]:
