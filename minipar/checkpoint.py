@@ -160,17 +160,17 @@ def canonical_name(name: str, model: ModelConfig) -> str:
     return "embed_tokens.weight" if model.tie_embeddings and name == "lm_head.weight" else name
 
 
-def named_params(parts, model: ModelConfig) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(canonical_name(n, model), p) for m in parts for n, p in m.named_parameters()]
+def named_params(chunks, model: ModelConfig) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(canonical_name(n, model), p) for m in chunks for n, p in m.named_parameters()]
 
 
-def shard_entries(parts, dp: DataParallel, optimizer, grid, model: ModelConfig) -> list[dict]:
+def shard_entries(chunks, dp: DataParallel, optimizer, grid, model: ModelConfig) -> list[dict]:
     """This rank's slices of every parameter it saves, with AdamW's m, v and step, each
     labelled with where it lies in the global tensor. What a rank holds of a parameter is
     `dp.shard_of(p)`: all of it, or (ZeRO) its piece. Copies of one tensor are saved once,
     by the rank whose copy counts, as the gradient norm counts it once."""
     out = []
-    for name, p in named_params(parts, model):
+    for name, p in named_params(chunks, model):
         shard = dp.shard_of(p)
         if shard.start == shard.stop or not grid.counts(p, dp.holds_replicas):
             continue
@@ -283,7 +283,7 @@ def _rng_state() -> dict:
 
 
 # ================================================================ save and load
-def save(root: str, step: int, parts, dp: DataParallel, optimizer, grid, cfg,
+def save(root: str, step: int, chunks, dp: DataParallel, optimizer, grid, cfg,
          history: list[dict]) -> str:
     """Every rank calls this after `step` steps are done; returns the checkpoint directory.
 
@@ -301,7 +301,7 @@ def save(root: str, step: int, parts, dp: DataParallel, optimizer, grid, cfg,
             os.makedirs(tmp)
         dist.barrier()
         name = f"rank_{grid.rank:05d}.pt"
-        entries = shard_entries(parts, dp, optimizer, grid, model)
+        entries = shard_entries(chunks, dp, optimizer, grid, model)
         info = _write_shard(os.path.join(tmp, name), entries, grid)
         reports = [None] * grid.world_size
         dist.all_gather_object(reports, (name, info, _rng_state()))
@@ -352,14 +352,14 @@ def _commit(root, tmp, final, step, cfg, reports, history):
     _fsync_dir(root)
 
 
-def load(path: str, parts, dp: DataParallel, optimizer, grid,
+def load(path: str, chunks, dp: DataParallel, optimizer, grid,
          model: ModelConfig) -> tuple[int, list[dict]]:
     """Every rank calls this after building its model pieces (in any layout). Fills the
     parameters and AdamW's state with the checkpoint's; returns (the step to continue
     from, the records of the steps before it)."""
     step_dir = resolve(path)
     manifest = read_manifest(step_dir)
-    mine = named_params(parts, model)
+    mine = named_params(chunks, model)
     needed = {name for name, _ in mine}
     entries = defaultdict(list)
     for fname, info in manifest["files"].items():

@@ -279,7 +279,7 @@ class TrainConfig:
                                "up to N times")
     progress: bool = opt(True, "no tqdm bar", flag="--no-progress")
     peak_flops: float | None = None   # the device's peak, for MFU (measured when None)
-    # Called on every rank as after_backward(step, parts, dp, grid) once the step's
+    # Called on every rank as after_backward(step, chunks, dp, grid) once the step's
     # gradients are reduced, before clipping; what it returns (when not None) comes back in
     # that rank's result under "probes", by step. Tests read gradients this way.
     after_backward: Callable | None = None

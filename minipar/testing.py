@@ -13,7 +13,7 @@ import torch
 from . import comm
 
 
-def full_grads(parts, dp, grid) -> dict[str, torch.Tensor]:
+def full_grads(chunks, dp, grid) -> dict[str, torch.Tensor]:
     """Each parameter's gradient as this rank's model piece holds it: TP- and PP-local,
     whole over data parallelism. ZeRO pieces (each rank holds elements start:stop of the
     flattened gradient) are put back together over dp x cp: every rank places its piece in
@@ -21,7 +21,7 @@ def full_grads(parts, dp, grid) -> dict[str, torch.Tensor]:
     held = {id(p): g for g, p in dp.grads()}
     out = {}
     with comm.paused():
-        for m in parts:
+        for m in chunks:
             for name, p in m.named_parameters():
                 if id(p) in held:
                     out[name] = _whole(held[id(p)], dp.shard_of(p), dp, grid)
@@ -36,6 +36,6 @@ def _whole(g: torch.Tensor, shard, dp, grid) -> torch.Tensor:
     return comm.all_reduce(flat, grid.dp_cp).view(shard.shape)
 
 
-def capture_grads(step: int, parts, dp, grid) -> dict[str, torch.Tensor] | None:
+def capture_grads(step: int, chunks, dp, grid) -> dict[str, torch.Tensor] | None:
     """`TrainConfig.after_backward` hook: every gradient after step 0's backward."""
-    return full_grads(parts, dp, grid) if step == 0 else None
+    return full_grads(chunks, dp, grid) if step == 0 else None

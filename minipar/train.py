@@ -20,6 +20,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from . import checkpoint, cli, comm, launch
 from .config import ConfigError, TrainConfig
@@ -114,6 +115,8 @@ class Trainer:
         self.probes: dict[int, object] = {}
 
     def step(self, step: int) -> dict:
+        """One optimizer step: this rank's micro-batches forward and backward, the
+        gradients summed over dp x cp, clipped and applied. Returns the step's record."""
         cfg, grid, dp = self.cfg, self.grid, self.model.dp
         comm.LOG.reset()
         t0 = time.perf_counter()
@@ -135,6 +138,7 @@ class Trainer:
         return step_record(step, loss, norm, lr, time.perf_counter() - t0, self)
 
     def probe(self, step: int):
+        """`TrainConfig.after_backward`: a look at the reduced gradients (the tests')."""
         if self.cfg.after_backward is not None:
             out = self.cfg.after_backward(step, self.model.chunks, self.model.dp, self.grid)
             if out is not None:
@@ -191,7 +195,6 @@ def progress_bar(steps, cfg: TrainConfig, rank: int):
     """A tqdm bar on rank 0 (the only rank that prints)."""
     if rank != 0 or not cfg.progress:
         return steps
-    from tqdm.auto import tqdm   # here, not at the top: tqdm.auto imports ipywidgets' probe
     p = cfg.parallel
     return tqdm(steps, desc=f"train {p.tp}x{p.cp}x{p.pp}x{p.dp}", leave=False)
 

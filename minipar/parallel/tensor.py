@@ -77,9 +77,10 @@ def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
 
 def sum_grad_over_tp(p: nn.Parameter, axis: Axis) -> nn.Parameter:
     """Under SP a replicated weight (a norm's, a row-parallel bias) meets only this rank's
-    tokens, so its gradient is a partial sum. Add the other ranks' parts the moment it is computed, before it is
-    accumulated into p.grad, so that data parallelism, clipping and the optimizer all see
-    the full gradient (a tensor hook runs before the post-accumulate hooks DP uses)."""
+    tokens, so its gradient is a partial sum. Add the other ranks' parts the moment it is
+    computed, before it is accumulated into p.grad, so that data parallelism, clipping and
+    the optimizer all see the full gradient (a tensor hook runs before the post-accumulate
+    hooks DP uses)."""
     def total(g):
         return comm.all_reduce(g.contiguous().clone(), axis)
     p.register_hook(total)
