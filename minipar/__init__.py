@@ -1,5 +1,8 @@
 """minipar: a compact 4D-parallel (tensor, context, pipeline, data) trainer for a Llama-style
 model, in plain PyTorch, that runs as N gloo processes on a laptop and as N GPUs under torchrun.
+
+The package is the book's code, one file per chapter's idea (README.md's "Layout" gives the
+order); this file only exposes the configurations.
 """
 from .config import ConfigError, ModelConfig, ParallelConfig
 

@@ -1,5 +1,7 @@
 """Checkpoints: save the training state as the ranks hold it, resume it in any layout.
 
+Chapter "Failures at scale".
+
 A checkpoint is one directory per save, named by the number of steps done:
 
     DIR/step_000010/rank_00000.pt ...  what each rank holds: its slices of the parameters

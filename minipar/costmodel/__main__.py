@@ -1,4 +1,5 @@
-"""`python -m minipar.costmodel ...`: the cost model's command line (see `cli`)."""
+"""`python -m minipar.costmodel ...`: the cost model's command line (see `cli`), chapter
+"MFU and communication volume"."""
 import sys
 
 from .cli import main
