@@ -79,10 +79,11 @@ def main(argv=None) -> int:
               "on GPUs only, so there is nothing to measure.")
         return 0
     from minipar import flops, launch
+    from minipar.peak import peak_flops
     available = torch.cuda.device_count()
     top = min(args.gpus or available, available, 8)
     worlds = [n for n in (1, 2, 4, 8) if n <= top]
-    peak = flops.peak_flops(torch.device("cuda"))
+    peak = peak_flops(torch.device("cuda"))
     print(f"model: {MODEL_1B.name}, {flops.param_count(MODEL_1B) / 1e9:.2f}B parameters; "
           f"batch {args.batch} x {args.seq_len} tokens per GPU; bf16 autocast; "
           f"peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s per GPU (dense bf16)")

@@ -1,7 +1,7 @@
 """How much arithmetic a training step is, and what fraction of the hardware it used (MFU).
 
-Chapter "MFU and communication volume". Torch-free at import (the cost model and the book
-use it without a process group); only measuring a CPU's peak imports torch.
+Chapter "MFU and communication volume". Torch-free: the cost model and the book use it
+without a process group. Measuring this machine's peak is `minipar.peak`'s job.
 
 The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and torchtitan use it:
 
@@ -21,12 +21,6 @@ MFU = model FLOPs actually processed per second / peak FLOP/s. *Hardware* FLOPs 
 done again by activation recomputation; HFU divides those by the peak instead.
 """
 from __future__ import annotations
-
-import json
-import os
-import platform
-import time
-from pathlib import Path
 
 from .config import ModelConfig
 from .formulas import layer_param_count, param_count  # noqa: F401  (N, counted in formulas)
@@ -106,95 +100,9 @@ GPU_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
     ("V100", {"bf16": 125e12, "fp32": 15.7e12, "tf32": 15.7e12}),  # fp16 tensor cores (no bf16)
 ]
 
-_CPU_PEAK: dict[str, float] = {}          # in-process cache, keyed like the file cache
-
-
 def gpu_peak_flops(name: str, dtype: str = "bf16") -> float | None:
     """Data-sheet peak of the GPU called `name` for `dtype` ("bf16", "tf32", "fp32")."""
     for key, peaks in GPU_PEAK_FLOPS:
         if key.lower() in name.lower():
             return peaks.get(dtype)
     return None
-
-
-def peak_flops(device=None, dtype: str = "bf16") -> float | None:
-    """Peak FLOP/s of one device.
-
-    CUDA: the data-sheet number for the GPU's name (None if it is not in the table).
-    CPU: *measured*, the best float32 matmul rate of a short benchmark (about half a second),
-    cached in-process and in ~/.cache/minipar/ (or $MINIPAR_CACHE_DIR) per CPU model and
-    torch thread count, so calling it again, or from another process, is free. On a CPU the
-    "peak" is thus what a large matmul reaches, not the vendor's theoretical number; `dtype`
-    is ignored there (minipar computes in float32 on CPU).
-    """
-    import torch   # here, not at the top: the cost model and the book import flops without torch
-
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda":
-        return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
-    if device.type != "cpu":
-        return None
-    return cpu_peak_flops()
-
-
-def _cpu_key() -> str:
-    import torch   # lazily, as in `peak_flops`
-
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-
-
-def _cache_file() -> Path:
-    root = os.environ.get("MINIPAR_CACHE_DIR") or Path.home() / ".cache" / "minipar"
-    return Path(root) / "cpu_peak_flops.json"
-
-
-def cpu_peak_flops(seconds: float = 0.5) -> float:
-    """The CPU's float32 matmul rate in FLOP/s (measured once, then cached)."""
-    key = _cpu_key()
-    if key in _CPU_PEAK:
-        return _CPU_PEAK[key]
-    path = _cache_file()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if key not in cached:
-        cached[key] = measure_matmul_flops(seconds)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cached, indent=1))
-            tmp.replace(path)            # atomic: a concurrent reader sees old or new, whole
-        except OSError:
-            pass                         # a read-only home still gets the in-process cache
-    _CPU_PEAK[key] = float(cached[key])
-    return _CPU_PEAK[key]
-
-
-def measure_matmul_flops(seconds: float = 0.5, n: int = 1024) -> float:
-    """Best FLOP/s of repeated n x n float32 matmuls over about `seconds` (2 n^3 FLOPs each).
-
-    The best, not the mean: the question is what the cores can do, and a shared machine
-    only ever makes a run slower.
-    """
-    import torch   # lazily, as in `peak_flops`
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)                                   # warm-up: allocation, thread pool
-    best, start = 0.0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        dt = time.perf_counter() - t0
-        best = max(best, 2 * n**3 / dt)
-    return best

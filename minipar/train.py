@@ -25,12 +25,13 @@ from tqdm.auto import tqdm
 from . import checkpoint, cli, comm, launch
 from .config import ConfigError, TrainConfig
 from .data import local_microbatches, make_source
-from .flops import mfu, peak_flops
+from .flops import mfu
 from .grid import ProcessGrid
 from .parallel.context import shard_sequence
 from .parallel.data import DataParallel
 from .parallel.pipeline import pipeline_forward_backward, sync_tied_gradients, write_trace
 from .parallelize import parallelize
+from .peak import peak_flops
 
 __all__ = ["TrainConfig", "train", "main"]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from minipar import flops
+from minipar import flops, peak
 from minipar.config import ModelConfig
 
 L405 = ModelConfig.preset("llama3-405b")
@@ -90,22 +90,22 @@ def test_gpu_peak_table_unknown_and_fp32():
 
 def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIPAR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(flops, "_CPU_PEAK", {})
+    monkeypatch.setattr(peak, "_CPU_PEAK", {})
     calls = []
-    monkeypatch.setattr(flops, "measure_matmul_flops", lambda seconds=0.5: calls.append(1) or 1.5e10)
-    assert flops.peak_flops("cpu") == 1.5e10
-    assert flops.peak_flops("cpu") == 1.5e10          # in-process cache
+    monkeypatch.setattr(peak, "measure_matmul_flops", lambda seconds=0.5: calls.append(1) or 1.5e10)
+    assert peak.peak_flops("cpu") == 1.5e10
+    assert peak.peak_flops("cpu") == 1.5e10          # in-process cache
     assert len(calls) == 1
     cached = json.loads((tmp_path / "cpu_peak_flops.json").read_text())
     assert list(cached.values()) == [1.5e10]
     (key,) = cached
     assert "threads=" in key                           # keyed by CPU model and thread count
-    monkeypatch.setattr(flops, "_CPU_PEAK", {})         # a new process: the file cache answers
-    assert flops.peak_flops("cpu") == 1.5e10
+    monkeypatch.setattr(peak, "_CPU_PEAK", {})         # a new process: the file cache answers
+    assert peak.peak_flops("cpu") == 1.5e10
     assert len(calls) == 1
 
 
 def test_matmul_benchmark_is_plausible():
     # any CPU of the last decade does more than 0.1 GFLOP/s and less than 100 TFLOP/s in fp32
-    rate = flops.measure_matmul_flops(seconds=0.05, n=256)
+    rate = peak.measure_matmul_flops(seconds=0.05, n=256)
     assert 1e8 < rate < 1e14 and math.isfinite(rate)

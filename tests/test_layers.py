@@ -24,6 +24,7 @@ LAYERS = [
     "minipar.grid",
     "minipar.comm",
     "minipar.launch",
+    "minipar.peak",
     "minipar.model",
     "minipar.data",
     "minipar.parallel",
