@@ -175,19 +175,29 @@ def exchange(sends=(), recvs=(), axis_name: str = "pp"):
     Posting both directions in one batch is what makes a pipeline or a ring unable to
     deadlock: no rank blocks in a send while its peer blocks in another send.
     """
+    exchange_async(sends, recvs, axis_name).wait()
+
+
+def _p2p_ops(sends, recvs):
+    """P2POps for [(tensor, peer)] or [(tensor, peer, tag)]: sends first, then receives."""
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
+           for t, peer, *tag in sends]
+    return ops + [dist.P2POp(dist.irecv, t, peer, tag=tag[0] if tag else 0)
+                  for t, peer, *tag in recvs]
+
+
+def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
+    """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
+    buffers (the caller keeps each sent tensor alive until then)."""
     ops = _p2p_ops(sends, recvs)
-    if not ops:
-        return
-    t0 = time.perf_counter()
-    for w in dist.batch_isend_irecv(ops):
-        w.wait()
-    sec = time.perf_counter() - t0
     for t, *_ in sends:
-        LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t), sec / max(len(sends), 1))
+        LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t))
     for t, *_ in recvs:
-        LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t), 0.0)
+        LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t))
+    return Handle(dist.batch_isend_irecv(ops) if ops else [], result=[t for t, *_ in recvs])
 
 
+# ------------------------------------------------------- the ring algorithm, by hand
 def ring_schedule(n: int) -> tuple[list[list[int]], list[list[int]]]:
     """Which chunk each rank sends at each step of a ring all-reduce over n ranks:
     n-1 reduce-scatter steps, then n-1 all-gather steps. Rank r sends to r+1."""
@@ -213,26 +223,6 @@ def ring_all_reduce(x: torch.Tensor, axis: Axis, axis_name: str = "ring by hand"
         exchange(sends=[(chunks[ag[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
         chunks[ag[k][(r - 1) % n]] = incoming.clone()
     return torch.cat(chunks), mine
-
-
-def _p2p_ops(sends, recvs):
-    """P2POps for [(tensor, peer)] or [(tensor, peer, tag)]: sends first, then receives."""
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
-           for t, peer, *tag in sends]
-    return ops + [dist.P2POp(dist.irecv, t, peer, tag=tag[0] if tag else 0)
-                  for t, peer, *tag in recvs]
-
-
-def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
-    """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
-    buffers (the caller keeps each sent tensor alive until then)."""
-    ops = _p2p_ops(sends, recvs)
-    for t, *_ in sends:
-        LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t))
-    for t, *_ in recvs:
-        LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t))
-    return Handle(dist.batch_isend_irecv(ops) if ops else [], result=[t for t, *_ in recvs])
-
 
 
 
