@@ -17,7 +17,3 @@ from .mfu import (comm_volume_figure, constants_figure, measured_vs_predicted_fi
                   memory_figure, network_figure, table4_figure)
 from .failures import plot_checkpoint_waste, plot_interruptions, plot_restart_curves
 
-# Not figures: the notebooks call these two as viz.X next to the figures (mfu:
-# viz.wire_seconds, data_parallel: viz.zero_bytes_per_param). Defined where they belong.
-from ...costmodel import wire_seconds
-from ...formulas import zero_bytes_per_param
