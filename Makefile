@@ -65,8 +65,10 @@ vendor-mathjax:
 	  && rm -rf $$tmp
 	du -sh $(MATHJAX_DIR)
 
+# JupyterLab refuses to start as root unless told so; containers often run as root.
+LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_FLAGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/peers.py --quick

@@ -291,6 +291,60 @@ def pp_vs_torch_pipelining(quick):
                   weights_max_abs_diff=max(r[2] for r in res))
 
 
+# ---------------------------------------------------------------- activation recomputation
+def _recompute_rank(n_steps: int, batch: int, seq: int):
+    """On each rank: the same model and DataParallel, every block recomputed in the
+    backward, once by minipar's `recompute.apply_recompute(..., "full")` and once by
+    `torch.utils.checkpoint(use_reentrant=False)` per block; steps alternating."""
+    import functools
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils.checkpoint import checkpoint
+    from minipar.config import ModelConfig, ParallelConfig
+    from minipar.grid import ProcessGrid
+    from minipar.model import Transformer, cross_entropy_sum
+    from minipar.parallelize import data_parallel
+    from minipar.recompute import apply_recompute
+
+    cfg = ModelConfig(**BENCH_MODEL)
+    n = dist.get_world_size()
+    grid = ProcessGrid(dp=n, rank=dist.get_rank()).init_groups()
+    tokens = _bench_data(batch, seq).chunk(n)[dist.get_rank()]
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def trainer(model):
+        dp = data_parallel([model], grid, ParallelConfig(dp=n))
+
+        def step():
+            dp.start_step()
+            for p in model.parameters():
+                p.grad = None
+            (cross_entropy_sum(model(x), y) / (batch * seq)).backward()
+            dp.finish_backward()
+        return step, model
+
+    ours, mine = trainer(apply_recompute(Transformer(cfg, seed=0), "full"))
+    peer_model = Transformer(cfg, seed=0)
+    for block in peer_model.layers.values():
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    theirs, peer_model = trainer(peer_model)
+    times = time_alternating(ours, theirs, n_steps)
+    diff = max((a.grad - b.grad).abs().max().item()
+               for a, b in zip(mine.parameters(), peer_model.parameters()))
+    return (*times, diff)
+
+
+@peer("recompute_vs_torch_checkpoint")
+def recompute_vs_torch_checkpoint(quick):
+    """minipar's full recompute vs torch.utils.checkpoint per block (forward + backward)."""
+    from minipar import launch
+    n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
+    res = launch.run_local(_recompute_rank, 2, n_steps, batch, seq, timeout_s=300)
+    return result(max(r[0] for r in res), max(r[1] for r in res), ranks=2, model=BENCH_MODEL,
+                  batch=batch, seq=seq, grads_max_abs_diff=max(r[2] for r in res))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="benchmarks/peers.py")
     ap.add_argument("--quick", action="store_true", help="fewer steps (CI-sized)")

@@ -71,10 +71,16 @@ def step_dir_name(step: int) -> str:
 
 def latest(root: str | None) -> str | None:
     """The newest complete checkpoint under `root` (what `latest` names), or None."""
-    if not root or not os.path.isfile(os.path.join(root, LATEST)):
+    pointer = os.path.join(root or "", LATEST)
+    if not root or not os.path.isfile(pointer):
         return None
-    with open(os.path.join(root, LATEST)) as f:
-        name = f.read().strip()
+    try:
+        with open(pointer, "rb") as f:
+            name = f.read(4096).decode().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint pointer {pointer} is unreadable: {e}") from None
+    if name and (os.sep in name or not name.startswith("step_")):
+        raise CheckpointError(f"checkpoint pointer {pointer} names {name[:40]!r}, not a step_N directory")
     return os.path.join(root, name) if name else None
 
 
@@ -99,23 +105,39 @@ def step_of(path: str | None) -> int:
     return 0 if path is None else read_manifest(resolve(path))["step"]
 
 
+# What a manifest must hold, and of which type: anything else is a damaged or foreign file.
+MANIFEST_KEYS = {"format": str, "step": int, "world_size": int, "layout": dict, "model": dict,
+                 "train": dict, "files": dict}
+
+
 def read_manifest(step_dir: str) -> dict:
     path = os.path.join(step_dir, MANIFEST)
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read().decode())
+    except (OSError, ValueError) as e:     # ValueError: bad UTF-8 or bad JSON
+        raise CheckpointError(f"checkpoint file {path} is unreadable: {str(e).splitlines()[0]}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint file {path} holds a JSON {type(manifest).__name__}, "
+                              "not the manifest's object")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint file {path}: format {manifest.get('format')!r}, "
                               f"expected {FORMAT!r}")
+    for key, kind in MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), kind):
+            raise CheckpointError(f"checkpoint file {path}: `{key}` is missing or not a {kind.__name__}")
+    for name, info in manifest["files"].items():
+        if not (isinstance(info, dict) and isinstance(info.get("bytes"), int)
+                and isinstance(info.get("sha256"), str) and os.sep not in name):
+            raise CheckpointError(f"checkpoint file {path}: its entry for {name!r} lacks bytes or sha256")
     return manifest
 
 
 def check_files(step_dir: str, manifest: dict) -> None:
-    """Every file the manifest lists is there, with its size. Cheap (no reading): it
-    catches a missing or truncated file before any rank starts. Checksums are checked
-    when a rank reads a file."""
+    """Every file the manifest lists is there, with its size and its SHA-256, before any
+    rank starts: a rank file whose rank holds no tensors is verified too, and a damaged one
+    costs no start-up. Sizes first (cheap: a missing or truncated file is named without
+    reading anything), then the checksums, a file at a time."""
     for name, info in manifest["files"].items():
         path = os.path.join(step_dir, name)
         if not os.path.isfile(path):
@@ -124,6 +146,21 @@ def check_files(step_dir: str, manifest: dict) -> None:
         if size != info["bytes"]:
             raise CheckpointError(f"checkpoint file {path} is {size} bytes, the manifest says "
                                   f"{info['bytes']} (truncated or overwritten)")
+    for name, info in manifest["files"].items():
+        if _sha256_of(os.path.join(step_dir, name)) != info["sha256"]:
+            raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} is corrupt: "
+                                  "its SHA-256 differs from the manifest's")
+
+
+def _sha256_of(path: str, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(block):
+                h.update(chunk)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
+    return h.hexdigest()
 
 
 def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
@@ -132,7 +169,10 @@ def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
     step_dir = resolve(path)
     manifest = read_manifest(step_dir)
     check_files(step_dir, manifest)
-    saved, now = manifest["model"], dataclasses.asdict(model)
+    # a field the checkpoint predates has its default there (the model it was saved from)
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    saved = {**defaults, **manifest["model"]}
+    now = dataclasses.asdict(model)
     differ = [f"{k}={saved.get(k)} (now {v})" for k, v in now.items()
               if k != "name" and saved.get(k) != v]
     if differ:
@@ -141,6 +181,33 @@ def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
         raise CheckpointError(f"--resume {path}: the checkpoint is at step {manifest['step']}, "
                               f"beyond --steps {steps}")
     return manifest
+
+
+# What a step *means*: the tokens it reads are a pure function of these (and of the step).
+# A resumed run that changes one of them continues another run's curve.
+MEANING = {"seq_len": "--seq-len", "global_batch": "--global-batch", "data": "--data",
+           "seed": "--seed"}
+
+
+def data_digest(path: str | None) -> str | None:
+    """The --data file's SHA-256 (None: synthetic data): the same text under another path
+    is the same data, another text under the same path is not."""
+    return None if path is None else _sha256_of(path)
+
+
+def run_meaning(cfg) -> dict:
+    return {"seq_len": cfg.seq_len, "global_batch": cfg.global_batch, "seed": cfg.seed,
+            "data": data_digest(cfg.data)}
+
+
+def meaning_changes(manifest: dict, cfg) -> dict:
+    """{flag: [the checkpoint's value, this run's]} for each of `MEANING` that differs."""
+    saved, now = manifest["train"], run_meaning(cfg)
+    if "data_sha256" in saved:
+        saved = {**saved, "data": saved["data_sha256"]}
+    else:      # a checkpoint from before the digest was kept: compare the paths
+        now["data"] = cfg.data
+    return {MEANING[k]: [saved.get(k), now[k]] for k in MEANING if saved.get(k) != now[k]}
 
 
 def check_flags(cfg) -> None:
@@ -152,7 +219,18 @@ def check_flags(cfg) -> None:
     if cfg.save and os.path.exists(cfg.save) and not os.path.isdir(cfg.save):
         raise ConfigError(f"--save {cfg.save} is a file, not a directory")
     if cfg.resume is not None:
-        check_resume(cfg.resume, cfg.model_config(), cfg.steps)
+        manifest = check_resume(cfg.resume, cfg.model_config(), cfg.steps)
+        changes = meaning_changes(manifest, cfg)
+        if changes and not getattr(cfg, "resume_allow_change", False):
+            what = ", ".join(f"{flag} {_short(old)} (now {_short(new)})"
+                             for flag, (old, new) in changes.items())
+            raise CheckpointError(f"--resume {cfg.resume}: the checkpoint was trained with "
+                                  f"{what}; continuing would splice another run's curve onto "
+                                  "it (--resume-allow-change to do it anyway)")
+
+
+def _short(v):
+    return f"sha256:{v[:12]}" if isinstance(v, str) and len(v) == 64 else v
 
 
 # ================================================================ what a rank holds
@@ -330,9 +408,10 @@ def _commit(root, tmp, final, step, cfg, reports, history):
         "format": FORMAT, "step": step, "world_size": len(reports),
         "layout": cfg.parallel.as_dict(),
         "model": dataclasses.asdict(cfg.model_config()),
-        "train": {k: getattr(cfg, k) for k in ("seed", "global_batch", "seq_len", "lr",
-                                                "warmup_steps", "decay_steps", "min_lr_ratio",
-                                                "weight_decay", "clip", "data")},
+        "train": {**{k: getattr(cfg, k) for k in ("seed", "global_batch", "seq_len", "lr",
+                                                  "warmup_steps", "decay_steps", "min_lr_ratio",
+                                                  "weight_decay", "clip", "data", "init_hf")},
+                  "data_sha256": data_digest(cfg.data)},
         "files": files,
     }
     _write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())

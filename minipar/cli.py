@@ -7,9 +7,12 @@ A bad flag is one line on stderr naming it, and exit status 2, before any rank s
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 
 from .config import ParallelConfig, TrainConfig, add_flags, from_flags
+from .launch import STOP_SIGNALS, Stopped
 
 PROG = "python -m minipar.train"
 
@@ -34,13 +37,46 @@ def parse(argv=None) -> TrainConfig:
     return from_flags(TrainConfig, ns, parallel=from_flags(ParallelConfig, ns))
 
 
-def error(e: Exception, status: int = 2, detail: bool = False) -> int:
+def error(e: Exception, status: int = 2, detail: bool = False, prefix: str = "error: ") -> int:
     """Print `e`'s first line as the CLI's error (and, with `detail`, the rest); return
     the exit status."""
-    print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+    print(f"{PROG}: {prefix}{str(e).splitlines()[0]}", file=sys.stderr)
     if detail:
         print(str(e), file=sys.stderr)
     return status
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While no rank runs (checks, restarts), SIGTERM and SIGINT end the command at once
+    with `launch.Stopped`: one line, not a KeyboardInterrupt traceback. While ranks run,
+    the launcher's own handlers take over (they pass the signal on to the ranks)."""
+    def stop(signum, frame):
+        raise Stopped(signum, f"stopped by {signal.Signals(signum).name} before any rank started")
+    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def report_end(ended: dict, rank0: bool = True) -> int:
+    """The one line of a run that ended early, on stderr; its exit status: 128 + signal
+    for a stop (143 SIGTERM, 130 SIGINT), 1 for a non-finite step."""
+    if ended["reason"] == "nonfinite":
+        if rank0:
+            print(f"{PROG}: error: {ended['message']}", file=sys.stderr)
+        return 1
+    name = signal.Signals(ended["signal"]).name
+    if ended["checkpoint"]:
+        saved = f"checkpoint saved to {ended['checkpoint']} (continue with --resume)"
+    else:
+        saved = "no checkpoint (SIGTERM to a --save run writes one)"
+    if rank0:
+        print(f"{PROG}: stopped by {name} after {ended['step']} steps, every rank at the same "
+              f"step boundary; {saved}", file=sys.stderr)
+    return 128 + ended["signal"]
 
 
 def print_summary(out: dict) -> None:

@@ -46,15 +46,23 @@ class CommLog:
     def __init__(self):
         self.stats: dict[tuple[str, str], OpStats] = defaultdict(OpStats)
         self.enabled = True
+        # --profile: a profile.Recorder, given one span for every collective counted here
+        self.tracer = None
 
     def record(self, axis: str, op: str, n: int, payload: int, full: int, seconds: float = 0.0):
+        """Count one collective, called right after it was posted (`seconds` after it
+        began). Returns its trace span while --profile records (else None): a `Handle`
+        given it ends the span when the collective completes."""
         if not self.enabled:
-            return
+            return None
         st = self.stats[(axis, op)]
         st.calls += 1
         st.payload_bytes += payload
         st.wire_bytes += wire_bytes(op, n, full)
         st.seconds += seconds
+        if self.tracer is not None:
+            return self.tracer.collective(axis, op, payload, wire_bytes(op, n, full), seconds)
+        return None
 
     def reset(self):
         self.stats.clear()
@@ -99,8 +107,8 @@ def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum", async_op: bool = Fa
     if axis.size == 1:
         return Handle(result=t) if async_op else t
     work, sec = _timed(dist.all_reduce, t, op=_OPS[op], group=axis.group, async_op=async_op)
-    LOG.record(axis.log_as, "all_reduce", axis.size, _nbytes(t), _nbytes(t), sec)
-    return Handle([work], result=t) if async_op else t
+    span = LOG.record(axis.log_as, "all_reduce", axis.size, _nbytes(t), _nbytes(t), sec)
+    return Handle([work], result=t, spans=[span]) if async_op else t
 
 
 def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
@@ -111,8 +119,8 @@ def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False
     inp = t.movedim(dim, 0).contiguous()
     out = torch.empty((axis.size * inp.shape[0], *inp.shape[1:]), dtype=t.dtype, device=t.device)
     work, sec = _timed(_all_gather_flat, out, inp, group=axis.group, async_op=async_op)
-    LOG.record(axis.log_as, "all_gather", axis.size, _nbytes(inp), _nbytes(out), sec)
-    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
+    span = LOG.record(axis.log_as, "all_gather", axis.size, _nbytes(inp), _nbytes(out), sec)
+    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim), spans=[span])
     return handle if async_op else handle.wait()
 
 
@@ -126,8 +134,8 @@ def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = F
     inp = t.movedim(dim, 0).contiguous()
     out = torch.empty((inp.shape[0] // axis.size, *inp.shape[1:]), dtype=t.dtype, device=t.device)
     work, sec = _timed(_reduce_scatter_flat, out, inp, group=axis.group, async_op=async_op)
-    LOG.record(axis.log_as, "reduce_scatter", axis.size, _nbytes(inp), _nbytes(inp), sec)
-    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
+    span = LOG.record(axis.log_as, "reduce_scatter", axis.size, _nbytes(inp), _nbytes(inp), sec)
+    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim), spans=[span])
     return handle if async_op else handle.wait()
 
 
@@ -140,19 +148,53 @@ def broadcast(t: torch.Tensor, axis: Axis, src_index: int = 0):
     return t
 
 
+def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
+    """Cut `t` into n pieces along `split_dim`, send piece j to the rank at position j, and
+    concatenate the n pieces received (rank order) along `concat_dim`. Each rank keeps 1/n
+    of its tensor and sends the rest: (n-1)/n S on the wire (DeepSpeed-Ulysses' exchange)."""
+    if axis.size == 1:
+        return t
+    if t.shape[split_dim] % axis.size:
+        raise ValueError(f"all_to_all over {axis.name}: dim {split_dim} of size "
+                         f"{t.shape[split_dim]} is not divisible by {axis.size}")
+    inp = torch.stack(t.chunk(axis.size, dim=split_dim)).contiguous()   # [n, piece...]
+    out = torch.empty_like(inp)
+    _, sec = _timed(dist.all_to_all_single, out, inp, group=axis.group)
+    LOG.record(axis.log_as, "all_to_all", axis.size, _nbytes(inp), _nbytes(inp), sec)
+    return torch.cat(out.unbind(0), dim=concat_dim)
+
+
 class Handle:
     """A collective in flight. `wait()` blocks until it has arrived and returns its result
     (the reduced tensor, the gathered one, the received buffers). Waiting twice is harmless:
     the works are dropped after the first wait (a second wait on a gloo receive would wait
-    for another message)."""
+    for another message).
 
-    def __init__(self, works=(), result=None, finish=None):
+    `spans`: the trace spans (`CommLog.record`'s, under --profile) of the collectives in
+    flight: each ends when its collective completes, or else when the wait returns."""
+
+    def __init__(self, works=(), result=None, finish=None, spans=()):
         self.works, self._result, self._finish = list(works), result, finish
+        self.spans = [s for s in spans if s is not None] if self.works else []
+        for s in self.spans:
+            s["end"], s["args"]["blocking"] = None, False
+        future = self.get_future() if self.spans else None
+        if future is not None:      # told the moment it completes, before anyone waits
+            future.add_done_callback(lambda _: self._ended(time.perf_counter_ns()))
+
+    def _ended(self, t: int):
+        for s in self.spans:
+            s["end"] = t if s["end"] is None else min(s["end"], t)
 
     def wait(self):
+        t0 = time.perf_counter_ns()
         for w in self.works:
             w.wait()
-        self.works = []
+        if self.works and self.spans:
+            self._ended(time.perf_counter_ns())
+            if LOG.tracer is not None:
+                LOG.tracer.waited(self.spans, t0, time.perf_counter_ns())
+        self.works, self.spans = [], []
         return self._finish() if self._finish is not None else self._result
 
     def get_future(self):
@@ -186,15 +228,24 @@ def _p2p_ops(sends, recvs):
                   for t, peer, *tag in recvs]
 
 
+def _p2p_span(span, peer: int, tag: list):
+    # the trace pairs each send with its receive (gloo tells neither end when a message
+    # has arrived; the receiver's wait does)
+    if span is not None:
+        span["args"].update(peer=peer, tag=tag[0] if tag else 0)
+    return span
+
+
 def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
     """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
     buffers (the caller keeps each sent tensor alive until then)."""
     ops = _p2p_ops(sends, recvs)
-    for t, *_ in sends:
-        LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t))
-    for t, *_ in recvs:
-        LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t))
-    return Handle(dist.batch_isend_irecv(ops) if ops else [], result=[t for t, *_ in recvs])
+    spans = [_p2p_span(LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t)), peer, tag)
+             for t, peer, *tag in sends]
+    spans += [_p2p_span(LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t)), peer, tag)
+              for t, peer, *tag in recvs]
+    return Handle(dist.batch_isend_irecv(ops) if ops else [], result=[t for t, *_ in recvs],
+                  spans=spans)
 
 
 # ------------------------------------------------------- the ring algorithm, by hand

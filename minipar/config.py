@@ -10,6 +10,9 @@ before any rank is launched.
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
 
@@ -58,6 +61,12 @@ class ModelConfig:
     vocab_size: int = 256
     max_seq_len: int = 1024
     rope_theta: float = 10000.0
+    # Llama 3.1's long-context RoPE (Hugging Face `rope_type: "llama3"`): the low frequencies
+    # slowed down by rope_factor, the high ones kept, a ramp between; rope_factor 1 = plain RoPE
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     name: str = "custom"
@@ -89,8 +98,13 @@ class ModelConfig:
         return PRESETS[name]
 
     @classmethod
-    def from_hf(cls, hf: dict) -> "ModelConfig":
-        """Build from the keys of a Hugging Face `LlamaConfig` (its `to_dict()` or config.json)."""
+    def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
+        """Build from the keys of a Hugging Face `LlamaConfig` (its `to_dict()` or config.json).
+        A field this model does not implement is a `ConfigError` naming it (`hf_problems`):
+        better no run than a quiet run of another model."""
+        out = hf_problems(hf)
+        if out:
+            raise ConfigError(f"{source}: {'; '.join(out)}")
         heads = hf["num_attention_heads"]
         return cls(
             n_layers=hf["num_hidden_layers"],
@@ -100,11 +114,27 @@ class ModelConfig:
             ffn_dim=hf["intermediate_size"],
             vocab_size=hf["vocab_size"],
             max_seq_len=hf.get("max_position_embeddings", 2048),
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rope_theta=float(hf_rope(hf).get("rope_theta", 10000.0)),
+            **llama3_rope_fields(hf_rope(hf)),
             norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             name=hf.get("_name_or_path") or "hf",
         )
+
+    @classmethod
+    def from_hf_dir(cls, path: str) -> "ModelConfig":
+        """The model of a Hugging Face directory, from its config.json (`--init-hf DIR`)."""
+        file = os.path.join(path, "config.json")
+        if not os.path.isdir(path):
+            raise ConfigError(f"--init-hf {path}: no such directory")
+        try:
+            with open(file) as f:
+                hf = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"--init-hf {path}: no config.json in the directory") from None
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"--init-hf {file}: unreadable: {str(e).splitlines()[0]}") from None
+        return cls.from_hf(hf, source=f"--init-hf {file}")
 
     def to_hf(self) -> dict:
         """The inverse of `from_hf`: keys a Hugging Face `LlamaConfig(**d)` accepts."""
@@ -115,7 +145,80 @@ class ModelConfig:
             max_position_embeddings=self.max_seq_len, rope_theta=self.rope_theta,
             rms_norm_eps=self.norm_eps, tie_word_embeddings=self.tie_embeddings,
             hidden_act="silu", attention_bias=False, mlp_bias=False,
+            rope_scaling=None if self.llama3_rope is None else dict(
+                rope_type="llama3", factor=self.rope_factor,
+                low_freq_factor=self.rope_low_freq_factor,
+                high_freq_factor=self.rope_high_freq_factor,
+                original_max_position_embeddings=self.rope_original_max_len),
         )
+
+    @property
+    def llama3_rope(self) -> tuple[float, float, float, int] | None:
+        """(factor, low_freq_factor, high_freq_factor, original context) or None: plain RoPE."""
+        if self.rope_factor == 1.0:
+            return None
+        return (self.rope_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                self.rope_original_max_len)
+
+
+# The Hugging Face config.json fields that must be present, and the values minipar's Llama
+# implements of those that change the architecture. Anything else is another model.
+HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+               "vocab_size")
+HF_SUPPORTED = {
+    "model_type": ("llama",),
+    "hidden_act": ("silu",),                # SwiGLU's gate
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "attention_dropout": (0, 0.0),          # minipar has no dropout
+}
+
+
+def hf_rope(hf: dict) -> dict:
+    """The rotary embedding's parameters: transformers 5's `rope_parameters`, or the older
+    top-level `rope_theta` and `rope_scaling`."""
+    rope = dict(hf.get("rope_parameters") or {})
+    if hf.get("rope_scaling"):
+        rope = {**hf["rope_scaling"], **rope}
+    if "rope_theta" in hf and "rope_theta" not in rope:
+        rope["rope_theta"] = hf["rope_theta"]
+    return rope
+
+
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+
+
+def llama3_rope_fields(rope: dict) -> dict:
+    """ModelConfig's fields for Llama 3.1's RoPE scaling, from Hugging Face's parameters."""
+    if rope.get("rope_type", rope.get("type")) != "llama3":
+        return {}
+    return dict(rope_factor=float(rope["factor"]),
+                rope_low_freq_factor=float(rope["low_freq_factor"]),
+                rope_high_freq_factor=float(rope["high_freq_factor"]),
+                rope_original_max_len=int(rope["original_max_position_embeddings"]))
+
+
+def hf_problems(hf: dict) -> list[str]:
+    """Each field of a Hugging Face Llama config that this model does not implement."""
+    out = [f"missing field {k!r}" for k in HF_REQUIRED if k not in hf]
+    for key, allowed in HF_SUPPORTED.items():
+        if key in hf and hf[key] not in allowed:
+            out.append(f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})")
+    arch = hf.get("architectures")
+    if arch and arch != ["LlamaForCausalLM"]:
+        out.append(f"architectures={arch} is not supported (only LlamaForCausalLM)")
+    rope_type = hf_rope(hf).get("rope_type", hf_rope(hf).get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        out.append(f"rope_scaling: rope_type={rope_type!r} is not supported (plain RoPE, or "
+                   "Llama 3.1's 'llama3')")
+    elif rope_type == "llama3":
+        out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE_KEYS
+                if k not in hf_rope(hf)]
+    if "hidden_size" in hf and "num_attention_heads" in hf and hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
+        out.append(f"head_dim={hf['head_dim']} is not supported: minipar's is hidden_size / "
+                   f"num_attention_heads = {hf['hidden_size'] // hf['num_attention_heads']}")
+    return out
 
 
 # `tiny` is sized for a 2-core laptop and chosen so that every layout with tp, cp, pp, dp in
@@ -123,6 +226,14 @@ class ModelConfig:
 # vocabulary divisible by 4. Its vocabulary is 256 so that `--data` can train on raw bytes.
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(name="tiny"),
+    # Llama 3.2 1B's config.json (1.24B parameters, embeddings tied): the ~1B model the GPU
+    # benchmarks train. Its 131072 positions come from rope_scaling "llama3": factor 32 over
+    # the 8192 it was pretrained at (low/high frequency factors 1 and 4).
+    "llama3.2-1b": ModelConfig(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192,
+                               vocab_size=128256, max_seq_len=131072, rope_theta=500000.0,
+                               rope_factor=32.0, rope_low_freq_factor=1.0,
+                               rope_high_freq_factor=4.0, rope_original_max_len=8192,
+                               tie_embeddings=True, name="llama3.2-1b"),
     "llama3-8b": ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
                              vocab_size=128256, max_seq_len=8192, rope_theta=500000.0,
                              name="llama3-8b"),
@@ -135,7 +246,8 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 SCHEDULES = ("afab", "1f1b", "interleaved", "zb")
-CP_IMPLS = ("ring", "allgather")
+CP_IMPLS = ("ring", "allgather", "ulysses")
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -155,10 +267,22 @@ class ParallelConfig:
     bucket_mb: float = opt(25.0, "gradient bucket size in MB; 0 = naive: one all-reduce per "
                                  "gradient after backward")
     sp: bool = opt(False, "sequence parallelism (with --tp > 1)")
+    tp_overlap: bool = opt(False, "collective matmul: SP's all-gather and reduce-scatter cut "
+                                  "into ring steps hidden behind the matmuls (with --sp)")
     schedule: str = opt("1f1b", f"pipeline schedule: {', '.join(SCHEDULES)}")
     virtual_stages: int = opt(1, "model chunks per pipeline rank (--schedule interleaved)")
-    microbatches: int = opt(1, "micro-batches per DP rank per step")
+    microbatches: int | None = opt(None, "micro-batches per DP rank per step (default: "
+                                         "--pp with --schedule interleaved, else 1)", type=int)
     cp_impl: str = opt("ring", f"context-parallel attention: {' or '.join(CP_IMPLS)}")
+    recompute: str = opt("none", "activation recomputation: none, selective (the attention "
+                                 "core) or full (each block from its input)",
+                         choices=RECOMPUTE_MODES)
+
+    def __post_init__(self):
+        # The default every schedule accepts: interleaved wants a multiple of --pp.
+        if self.microbatches is None:
+            m = self.pp if self.schedule == "interleaved" and self.pp > 1 else 1
+            object.__setattr__(self, "microbatches", m)
 
     @property
     def world_size(self) -> int:
@@ -184,12 +308,14 @@ class ParallelConfig:
         out = []
         if self.zero not in (0, 1, 2, 3):
             out.append(f"--zero {self.zero} is unknown; choose 0, 1, 2 or 3")
-        if self.bucket_mb < 0:
+        if not 0 <= self.bucket_mb < math.inf:     # `nan < 0` is False: ask the positive
             out.append(f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)")
         if self.schedule not in SCHEDULES:
             out.append(f"--schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
         if self.cp_impl not in CP_IMPLS:
             out.append(f"--cp-impl {self.cp_impl!r} is unknown; choose one of {', '.join(CP_IMPLS)}")
+        if self.recompute not in RECOMPUTE_MODES:
+            out.append(f"--recompute {self.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
         return out
 
     def _tensor_problems(self, m: ModelConfig, seq_len: int) -> list[str]:
@@ -198,11 +324,33 @@ class ParallelConfig:
                if getattr(m, name) % self.tp]
         if self.sp and self.tp == 1:
             out.append("--sp needs --tp > 1 (sequence parallelism shards along the TP group)")
-        if seq_len % (2 * self.cp):
+        if self.cp > 1 and seq_len % (2 * self.cp):
             out.append(f"--cp {self.cp} needs --seq-len divisible by 2*cp={2 * self.cp} "
                        f"(load-balanced causal chunks); got {seq_len}")
-        elif self.sp and (seq_len // self.cp) % self.tp:
-            out.append(f"--sp needs the per-CP-rank sequence {seq_len // self.cp} divisible by --tp {self.tp}")
+        elif self.sp and self.tp > 1 and (seq_len // self.cp) % self.tp:
+            what = f"--seq-len {seq_len}" if self.cp == 1 else \
+                f"the per-CP-rank sequence {seq_len // self.cp}"
+            out.append(f"--sp needs {what} divisible by --tp {self.tp} (each TP rank keeps a "
+                       "slice of the sequence)")
+        if self.tp_overlap and not self.sp:
+            out.append("--tp-overlap needs --sp (it overlaps SP's all-gather and reduce-scatter)")
+        if self.tp_overlap and self.pp > 1 and self.schedule == "zb":
+            out.append("--tp-overlap does not combine with --schedule zb (W would rerun the "
+                       "ring of each collective matmul)")
+        return out + self._ulysses_problems(m)
+
+    def _ulysses_problems(self, m: ModelConfig) -> list[str]:
+        """Ulysses trades sequence shards for head shards: each CP rank gets 1/cp of the
+        TP rank's heads. KV heads fewer than cp are replicated (GQA), if cp is a multiple."""
+        if self.cp_impl != "ulysses" or self.cp == 1 or m.n_heads % self.tp or m.n_kv_heads % self.tp:
+            return []
+        out, kv = [], m.n_kv_heads // self.tp
+        if m.n_heads % (self.cp * self.tp):
+            out.append(f"--cp-impl ulysses needs n_heads={m.n_heads} divisible by cp*tp="
+                       f"{self.cp * self.tp} (each rank attends with a share of the heads)")
+        if kv % self.cp and self.cp % kv:
+            out.append(f"--cp-impl ulysses needs the KV heads per TP rank ({kv}) divisible by "
+                       f"--cp {self.cp}, or --cp a multiple of them (to replicate them)")
         return out
 
     def _batch_problems(self, m: ModelConfig, seq_len: int, global_batch: int) -> list[str]:
@@ -211,7 +359,10 @@ class ParallelConfig:
             out.append(f"--seq-len {seq_len} exceeds the model's max_seq_len={m.max_seq_len}")
         if global_batch % (self.dp * self.microbatches):
             out.append(f"--global-batch {global_batch} is not divisible by dp*microbatches="
-                       f"{self.dp}*{self.microbatches}={self.dp * self.microbatches}")
+                       f"{self.dp}*{self.microbatches}={self.dp * self.microbatches}"
+                       + (f" (--microbatches defaults to --pp {self.pp} with --schedule "
+                          "interleaved)" if self.schedule == "interleaved" and
+                          self.microbatches == self.pp > 1 else ""))
         return out
 
     def _pipeline_problems(self, m: ModelConfig) -> list[str]:
@@ -245,6 +396,7 @@ class ParallelConfig:
 
 
 DTYPES = ("auto", "fp32", "bf16")
+MAX_LR = 1.0   # AdamW steps each weight by ~lr: beyond 1 no run learns, it only diverges
 
 
 @dataclass
@@ -264,9 +416,18 @@ class TrainConfig:
     min_lr_ratio: float = opt(0.1, "the decay's floor, as a fraction of --lr")
     weight_decay: float = opt(0.1, "AdamW's decoupled weight decay (matrices only)")
     clip: float = opt(1.0, "global gradient-norm clip (0 = off)")
-    data: str | None = opt(None, "train on this text file as bytes (default: synthetic)", type=str)
+    data: str | None = opt(None, "train on this text file: as bytes, or with --init-hf's "
+                                 "tokenizer.json (default: synthetic)", type=str)
+    init_hf: str | None = opt(None, "start from a Hugging Face Llama directory (config.json + "
+                                    "safetensors): its shape replaces --model's", type=str)
+    export_hf: str | None = opt(None, "at the end, write the model as a Hugging Face Llama "
+                                      "directory (config.json + model.safetensors)", type=str)
     log_json: str | None = opt(None, "write one JSON object per step (JSON Lines)", type=str)
-    trace: str | None = opt(None, "write each rank's pipeline events as JSON", type=str)
+    trace: str | None = opt(None, "write each rank's pipeline events as JSON (the pipeline "
+                                  "chapter's own format; --profile writes the full trace)", type=str)
+    profile: str | None = opt(None, "write one Chrome/Perfetto trace of the whole job to "
+                                    "DIR/trace.json (open it in ui.perfetto.dev) and print how "
+                                    "much communication was hidden", type=str)
     dtype: str = opt("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16")
     timeout_s: float = opt(60.0, "collective timeout: a dead peer fails within it")
     save: str | None = opt(None, "checkpoint directory (DIR/step_000010, DIR/latest)", type=str)
@@ -277,6 +438,14 @@ class TrainConfig:
     fail_rank: int | None = opt(None, "the rank --fail-at-step kills (default 0)", type=int)
     max_restarts: int = opt(0, "on a failure, restart from --save's latest checkpoint, "
                                "up to N times")
+    skip_nonfinite: bool = opt(False, "a step whose loss or gradient norm is NaN or inf is "
+                                      "skipped (no update) instead of stopping the run, exit 1, "
+                                      "naming the step (the default)")
+    stop_grace_s: float = opt(30.0, "on SIGTERM, the seconds the ranks get to finish their "
+                                    "step and (with --save) checkpoint before they are killed")
+    resume_allow_change: bool = opt(False, "let --resume continue with another --seq-len, "
+                                           "--global-batch, --data or --seed than the "
+                                           "checkpoint's (the log records the change)")
     progress: bool = opt(True, "no tqdm bar", flag="--no-progress")
     peak_flops: float | None = None   # the device's peak, for MFU (measured when None)
     # Called on every rank as after_backward(step, chunks, dp, grid) once the step's
@@ -285,19 +454,35 @@ class TrainConfig:
     after_backward: Callable | None = None
 
     def model_config(self) -> ModelConfig:
+        if self.init_hf:      # a Hugging Face directory brings its own shape
+            return ModelConfig.from_hf_dir(self.init_hf)
         return ModelConfig.preset(self.model)
 
     def problems(self) -> list[str]:
         """The rules of the run itself (the layout's are ParallelConfig's)."""
         out = [f"--{n.replace('_', '-')} {getattr(self, n)} must be >= 0"
                for n in ("steps", "warmup_steps", "decay_steps") if getattr(self, n) < 0]
-        if self.lr <= 0:
-            out.append(f"--lr {self.lr} must be positive")
         if self.dtype not in DTYPES:
             out.append(f"--dtype {self.dtype!r} is unknown; choose {', '.join(DTYPES)}")
-        if self.timeout_s <= 0:
-            out.append(f"--timeout-s {self.timeout_s} must be positive")
-        return out + self._fault_problems()
+        return out + self._number_problems() + self._fault_problems()
+
+    def _number_problems(self) -> list[str]:
+        """Each real-valued flag finite and in its range. Written `not lo <= x <= hi`, never
+        `x < lo`: NaN compares False with everything, so `nan < 0` would let it through."""
+        rules = [  # flag, value, ok, the rule
+            ("--lr", self.lr, 0 < self.lr <= MAX_LR,
+             f"must be in (0, {MAX_LR:g}]: AdamW moves every weight by about lr per step"),
+            ("--weight-decay", self.weight_decay, 0 <= self.weight_decay < math.inf,
+             "must be finite and >= 0"),
+            ("--min-lr-ratio", self.min_lr_ratio, 0 <= self.min_lr_ratio <= 1,
+             "must be in [0, 1] (a fraction of --lr)"),
+            ("--clip", self.clip, 0 <= self.clip < math.inf, "must be finite and >= 0 (0 = off)"),
+            ("--timeout-s", self.timeout_s, 0 < self.timeout_s < math.inf,
+             "must be finite and positive"),
+            ("--stop-grace-s", self.stop_grace_s, 0 <= self.stop_grace_s < math.inf,
+             "must be finite and >= 0"),
+        ]
+        return [f"{flag} {value} {rule}" for flag, value, ok, rule in rules if not ok]
 
     def _fault_problems(self) -> list[str]:
         out = []

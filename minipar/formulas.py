@@ -17,6 +17,7 @@ sender, recv nothing.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from .config import CP_IMPLS, SCHEDULES, ConfigError, ModelConfig
@@ -139,11 +140,22 @@ def tp_head_bytes(tokens: int, dim: int, tp: int, act_bytes: int, sp: bool = Fal
     return _tp_sum_bytes(tokens * dim * act_bytes, tp, sp)
 
 
-def tp_norm_bytes(layers: int, last: bool, dim: int, tp: int, grad_bytes: int) -> int:
+def tp_norm_bytes(layers: int, last: bool, dim: int, tp: int, grad_bytes: int,
+                  shards: int = 1) -> int:
     """Sequence parallelism only: each rank's RMSNorm sees only its slice of the tokens, so
-    the gradient of a (replicated) norm weight is a partial sum, all-reduced every
-    micro-batch: two norms per layer, plus the final one on the last stage."""
-    return (2 * layers + (1 if last else 0)) * wire_bytes("all_reduce", tp, dim * grad_bytes)
+    the gradient of a (replicated) norm weight is a partial sum: two norms per layer, plus
+    the final one on the last stage. Summed over TP once per *step*, in one all-reduce,
+    after the micro-batches and the data-parallel reduction (sums commute). Under ZeRO the
+    rank holds one piece of each gradient, of ceil(dim / shards) elements (shards: the
+    dp x cp group's size; rank 0's piece, the largest): only the piece is summed."""
+    n_norms = 2 * layers + (1 if last else 0)
+    return wire_bytes("all_reduce", tp, n_norms * math.ceil(dim / shards) * grad_bytes)
+
+
+def collective_matmul_bytes(size: int, tp: int) -> int:
+    """`--tp-overlap`: an all-gather (or reduce-scatter) of a `size`-byte tensor done as
+    tp-1 ring steps, each sending one chunk of size/tp: the collective's own bytes."""
+    return (tp - 1) * (size // tp) if tp > 1 else 0
 
 
 def tp_cross_entropy_bytes(tokens: int, tp: int) -> int:
@@ -156,7 +168,7 @@ def tp_cross_entropy_bytes(tokens: int, tp: int) -> int:
 def tp_wire_bytes_breakdown(cfg: ModelConfig, b: int, s: int, t: int, sp: bool = False,
                             n_micro: int = 1, layers: int | None = None, first: bool = True,
                             last: bool = True, act_bytes: int = 4, param_bytes: int = 4,
-                            recompute: str = "none") -> dict:
+                            recompute: str = "none", norm_shards: int = 1) -> dict:
     """Bytes one TP rank sends per step, by source, under the ring algorithm.
 
     b sequences per micro-batch, s tokens of each that this rank's TP group sees (seq_len /
@@ -169,8 +181,10 @@ def tp_wire_bytes_breakdown(cfg: ModelConfig, b: int, s: int, t: int, sp: bool =
       embedding  g forward: 2 (t-1)/t A.  SP: reduce-scatter forward, all-gather backward.
       head       f backward: 2 (t-1)/t A.  SP: all-gather forward, reduce-scatter backward.
       loss       3 all-reduces of b s float32 numbers: 6 (t-1)/t b s 4.
-      norms      SP only: the partial gradient of each norm weight (2 per block, the final
-                 norm) is all-reduced: 2 (t-1)/t h param_bytes each.
+      norms      SP only, once per step (not per micro-batch): the partial gradients of
+                 the norm weights (2 per block, the final norm) in one all-reduce,
+                 2 (t-1)/t h param_bytes each (`norm_shards`: ZeRO's pieces).
+    `--tp-overlap` sends the same bytes (`collective_matmul_bytes`), as p2p ring steps.
     """
     layers = cfg.n_layers if layers is None else layers
     tokens, h = b * s, cfg.dim
@@ -179,9 +193,10 @@ def tp_wire_bytes_breakdown(cfg: ModelConfig, b: int, s: int, t: int, sp: bool =
         "embedding": tp_embedding_bytes(tokens, h, t, act_bytes, sp) if first else 0,
         "head": tp_head_bytes(tokens, h, t, act_bytes, sp) if last else 0,
         "loss": tp_cross_entropy_bytes(tokens, t) if last else 0,
-        "norms": tp_norm_bytes(layers, last, h, t, param_bytes) if sp else 0,
     }
-    return {k: n_micro * v for k, v in per_micro.items()}
+    per_step = {k: n_micro * v for k, v in per_micro.items()}
+    per_step["norms"] = tp_norm_bytes(layers, last, h, t, param_bytes, norm_shards) if sp else 0
+    return per_step
 
 
 def tp_wire_bytes_per_step(cfg: ModelConfig, b: int, s: int, t: int, sp: bool = False,
@@ -204,6 +219,8 @@ def cp_hops(cp: int, impl: str, recompute: str = "none") -> int:
     """
     if impl not in CP_IMPLS:
         raise ConfigError(f"--cp-impl {impl!r} is unknown; choose one of {', '.join(CP_IMPLS)}")
+    if impl == "ulysses":
+        raise ValueError("Ulysses moves q and the output too, not K/V blocks: ulysses_layer_bytes")
     if cp == 1:
         return 0
     forward, backward = cp - 1, (2 if impl == "ring" else 1) * (cp - 1)
@@ -216,8 +233,33 @@ def cp_kv_bytes(tokens: int, kv_heads: int, head_dim: int, act_bytes: int) -> in
     return 2 * tokens * kv_heads * head_dim * act_bytes
 
 
-def cp_layer_bytes(kv: int, cp: int, impl: str = "ring", recompute: str = "none") -> int:
-    """Context-parallel bytes of one layer and micro-batch; `kv` = `cp_kv_bytes` of a rank."""
+def ulysses_kv_heads(kv_heads: int, cp: int) -> int:
+    """KV heads a rank sends under Ulysses: its own, or, fewer than cp (GQA), each
+    replicated to the cp/kv_heads ranks whose query heads read it: cp of them."""
+    return kv_heads if kv_heads % cp == 0 else cp
+
+
+def ulysses_layer_bytes(kv: int, cp: int, q_per_kv: int, recompute: str = "none") -> int:
+    """DeepSpeed-Ulysses' bytes for one layer and micro-batch; `kv` = `cp_kv_bytes` of a
+    rank with `ulysses_kv_heads`, q_per_kv = query heads per (sent) KV head.
+
+    Forward: three all-to-alls, q (q_per_kv * kv/2 bytes), K and V together (kv), the
+    output (as q): each sends (cp-1)/cp of its tensor. Backward: the same three, reversed.
+    So 2 (cp-1)/cp (q_per_kv + 1) kv: per rank it *falls* as cp grows (each rank's tokens
+    shrink), where the ring's and the all-gather's (cp-1) kv grow with cp.
+    """
+    if cp == 1:
+        return 0
+    per_pass = wire_bytes("all_to_all", cp, q_per_kv * kv // 2) * 2 + wire_bytes("all_to_all", cp, kv)
+    return per_pass * (3 if recompute == "full" else 2)
+
+
+def cp_layer_bytes(kv: int, cp: int, impl: str = "ring", recompute: str = "none",
+                   q_per_kv: int = 1) -> int:
+    """Context-parallel bytes of one layer and micro-batch; `kv` = `cp_kv_bytes` of a rank
+    (q_per_kv: query heads per KV head, needed by Ulysses alone)."""
+    if impl == "ulysses":
+        return ulysses_layer_bytes(kv, cp, q_per_kv, recompute)
     return cp_hops(cp, impl, recompute) * kv
 
 
@@ -229,11 +271,14 @@ def cp_wire_bytes_per_step(model_cfg: ModelConfig, b: int, s: int, cp: int, impl
     b: sequences per micro-batch on this rank, s: the full sequence length, n_layers: the
     layers this rank holds (all of them without pipeline parallelism). The K/V block of a
     rank is 2 (K and V) * b * s/cp * (n_kv_heads / tp) * head_dim elements: KV heads, not
-    query heads, because GQA's K/V are sent un-expanded.
+    query heads, because GQA's K/V are sent un-expanded (Ulysses replicates them up to cp).
     """
     layers = model_cfg.n_layers if n_layers is None else n_layers
-    kv = cp_kv_bytes(b * (s // cp), model_cfg.n_kv_heads // tp, model_cfg.head_dim, dtype_bytes)
-    return n_micro * layers * cp_layer_bytes(kv, cp, impl, recompute)
+    kv_heads, q_heads = model_cfg.n_kv_heads // tp, model_cfg.n_heads // tp
+    if impl == "ulysses":
+        kv_heads = ulysses_kv_heads(kv_heads, cp)
+    kv = cp_kv_bytes(b * (s // cp), kv_heads, model_cfg.head_dim, dtype_bytes)
+    return n_micro * layers * cp_layer_bytes(kv, cp, impl, recompute, q_heads // kv_heads)
 
 
 # ============================================================ pipeline parallelism
@@ -285,7 +330,13 @@ def stage_split(n_layers: int, n_stages: int) -> list[range]:
 
 def stage_layer_counts(n_layers: int, n_stages: int) -> list[int]:
     """Transformer layers of each global pipeline stage (pp * virtual_stages of them)."""
-    return [len(r) for r in stage_split(n_layers, n_stages)]
+    return list(_stage_layer_counts(n_layers, n_stages))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_layer_counts(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    # remembered: the planner asks for the same split tens of thousands of times
+    return tuple(len(r) for r in stage_split(n_layers, n_stages))
 
 
 def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, stage: int) -> int:
@@ -357,7 +408,24 @@ def in_flight_microbatches(schedule: str, pp: int, microbatches: int, stage: int
     if schedule == "interleaved" and v > 1:
         chunks = min(p * (v - 1) + 2 * (p - 1 - stage) + 1, m * v)
         return chunks / v
+    if schedule == "zb":      # W waits: every rank holds up to p (ZB-H1's memory bound)
+        return min(m, p)
     return min(m, p - stage)
+
+
+def in_flight_chunks(schedule: str, pp: int, microbatches: int, stage: int = 0,
+                     virtual_stages: int = 1) -> list[int]:
+    """Micro-batches in flight on each of pipeline rank `stage`'s chunks at its peak (the
+    first chunk of rank 0 holds the embedding, the last chunk of the last rank the head:
+    how many of *those* are in flight decides what they add). Interleaved: the warm-up's
+    forwards go chunk by chunk in groups of p micro-batches (Megatron's order), so forward k
+    belongs to chunk (k // p) mod v."""
+    m, p, v = microbatches, pp, virtual_stages
+    if schedule != "interleaved" or v == 1 or p == 1:
+        return [int(in_flight_microbatches(schedule, p, m, stage))] * v
+    total = min(p * (v - 1) + 2 * (p - 1 - stage) + 1, m * v)
+    group = min(m, p)
+    return [sum(1 for k in range(total) if (k // group) % v == c) for c in range(v)]
 
 
 # ============================================================ what a GPU holds
@@ -396,6 +464,75 @@ def local_param_count(model: ModelConfig, tp: int, layers: int, first: bool, las
     if last:
         n += h + (0 if model.tie_embeddings and first else table)
     return n
+
+
+# What minipar's eager PyTorch code saves for the backward, tensor by tensor (chapter
+# "Memory: where every byte goes" derives each line from model.py; tests/test_memory.py checks
+# them against `memory.ActivationMeter`). Elements per token this rank holds (b x s/cp).
+def norm_saved_elements(h: int, tp: int, sp: bool) -> float:
+    """RMSNorm, then the linear that reads it: its input x, rsqrt (1 per token), x * rsqrt,
+    and the gained output the linear saves: 3h + 1. Under SP the norm runs on 1/tp of the
+    tokens and the linear saves the all-gathered output: (2h + 1)/tp + h."""
+    return (2 * h + 1) / tp + h if sp else 3 * h + 1
+
+
+def attention_saved_elements(model: ModelConfig, tp: int, cp: int = 1, cp_impl: str = "ring",
+                             recompute: str = "none") -> float:
+    """q, k, v after RoPE; the attention output (which o_proj saves too: one storage); its
+    log-sum-exp (1 per head), over tp. All-gather context parallelism keeps the K/V of the
+    whole sequence (cp times the local ones). Selective recompute keeps only q, k, v and the
+    output o_proj saves: 2h + 2kv; the log-sum-exp (and all-gather's K/V) are recomputed."""
+    h, kv, hq = model.dim, model.n_kv_heads * model.head_dim, model.n_heads
+    if recompute == "selective":
+        return (2 * h + 2 * kv) / tp
+    kv_kept = 2 * kv * (cp if cp > 1 and cp_impl == "allgather" else 1)
+    return (2 * h + kv_kept + hq) / tp
+
+
+def layer_saved_breakdown(model: ModelConfig, tp: int = 1, sp: bool = False, cp: int = 1,
+                          cp_impl: str = "ring", recompute: str = "none") -> dict[str, float]:
+    """One transformer block, per token, by part: the two norms, attention, and SwiGLU's
+    gate, silu(gate), up and their product (4 ffn/tp). Full recompute keeps only the
+    block's input."""
+    if recompute == "full":
+        return {"input": model.dim / tp if sp else model.dim}
+    return {"norms": 2 * norm_saved_elements(model.dim, tp, sp),
+            "attention": attention_saved_elements(model, tp, cp, cp_impl, recompute),
+            "mlp": 4 * model.ffn_dim / tp}
+
+
+def layer_saved_elements(model: ModelConfig, tp: int = 1, sp: bool = False, cp: int = 1,
+                         cp_impl: str = "ring", recompute: str = "none") -> float:
+    """One transformer block's saved elements per token (`layer_saved_breakdown`, summed)."""
+    return sum(layer_saved_breakdown(model, tp, sp, cp, cp_impl, recompute).values())
+
+
+def weight_pass_kept_elements(model: ModelConfig, tp: int = 1, sp: bool = False, cp: int = 1,
+                              cp_impl: str = "ring") -> float:
+    """Full recompute under zero-bubble: what W's rerun of a block keeps until the chunk's
+    W ends: all the block saves but its input (already kept) and what the weight gradients
+    consume (each norm's x * rsqrt and output, the down projection's input)."""
+    h, sp_t = model.dim, (tp if sp else 1)
+    norm_read = norm_saved_elements(h, tp, sp) - (h + 1) / sp_t
+    return (layer_saved_elements(model, tp, sp, cp, cp_impl) - h / sp_t
+            - 2 * norm_read - model.ffn_dim / tp)
+
+
+def rope_saved_elements(model: ModelConfig, seq_local: int) -> int:
+    """cos and sin, [s, head_dim] each: per micro-batch and model chunk, not per token."""
+    return 2 * seq_local * model.head_dim
+
+
+def embedding_saved_bytes(tokens: int, tp: int) -> int:
+    """The token ids (int64); the vocab-parallel embedding adds a 1-byte mask per token."""
+    return tokens * (8 + (1 if tp > 1 else 0))
+
+
+def head_saved_bytes(model: ModelConfig, tokens: int, tp: int, sp: bool, act_bytes: int = 4) -> float:
+    """Final norm and head input, the softmax of the logits (vocab/tp per token), the targets
+    (int64; + a 1-byte mask under TP; a 0-dim loss without)."""
+    acts = (norm_saved_elements(model.dim, tp, sp) + model.vocab_size / tp) * act_bytes
+    return tokens * (acts + 8 + (1 if tp > 1 else 0)) + (0 if tp > 1 else act_bytes)
 
 
 def activation_elements(model: ModelConfig, tp: int, sp: bool, recompute: str) -> float:

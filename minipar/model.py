@@ -31,13 +31,26 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
+def llama3_scaled(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    """Llama 3.1's long-context RoPE: frequencies whose wavelength is longer than
+    original_max_len / low_freq_factor turn `factor` times slower (so that far positions look
+    like trained ones), those shorter than original_max_len / high_freq_factor are kept,
+    and a linear ramp joins the two."""
+    wavelength = 2 * math.pi / inv_freq
+    ramp = ((original_max_len / wavelength - low_freq_factor)
+            / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+    return (1 - ramp) * inv_freq / factor + ramp * inv_freq
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, llama3=None):
     """cos and sin of the rotary angles for each position: [s, head_dim] each.
 
     Positions are explicit so that context parallelism can hand a rank the positions of the
-    chunks it holds, which are not contiguous.
+    chunks it holds, which are not contiguous. `llama3`: `ModelConfig.llama3_rope`.
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if llama3 is not None:
+        inv_freq = llama3_scaled(inv_freq, *llama3)
     angles = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -62,6 +75,42 @@ def causal_attention(q, k, v):
     return out.transpose(1, 2)
 
 
+def cached_attention(q, k, v):
+    """Attention of the s newest positions (q) over all t positions so far (k, v), when
+    decoding with a `KVCache`: query i sits at position t - s + i and sees keys up to it."""
+    s, t = q.shape[1], k.shape[1]
+    mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(diagonal=t - s)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+class LayerCache:
+    """One layer's keys and values of every position seen so far, [b, t, kv_heads, d]."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def extend(self, k, v):
+        """Append the new positions' keys and values; return all of them."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+        return self.k, self.v
+
+
+class KVCache:
+    """Generation's memory: each layer's keys and values of the tokens so far. With it, one
+    more token costs one position's projections and one row of attention, not a forward
+    pass over the whole prefix again. Training never uses it (it sees all positions at once)."""
+
+    def __init__(self):
+        self.layers: dict[str, LayerCache] = {}
+        self.length = 0          # positions cached so far: the next token's position
+
+    def layer(self, i: str) -> LayerCache:
+        return self.layers.setdefault(i, LayerCache())
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -73,14 +122,18 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
         self.core = causal_attention
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, cache: LayerCache | None = None):
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds only its share of the heads
         q = self.q_proj(x).view(b, s, -1, self.head_dim)
         k = self.k_proj(x).view(b, s, -1, self.head_dim)
         v = self.v_proj(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(self.core(q, k, v).reshape(b, s, -1))
+        if cache is None:
+            out = self.core(q, k, v)
+        else:    # generation: attend over the cached positions and the new ones
+            out = cached_attention(q, *cache.extend(k, v))
+        return self.o_proj(out.reshape(b, s, -1))
 
 
 class MLP(nn.Module):
@@ -104,8 +157,8 @@ class TransformerBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, cache: LayerCache | None = None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -132,14 +185,19 @@ class Transformer(nn.Module):
         if seed is not None:
             init_weights(self, seed)
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, cache: KVCache | None = None):
+        """`cache` (generation only): x holds the tokens after the `cache.length` cached ones."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         if positions is None:
-            positions = torch.arange(h.shape[1], device=h.device)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + h.shape[1], device=h.device)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
+                                self.cfg.llama3_rope)
         cos, sin = cos.to(h.device), sin.to(h.device)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
+        for i, layer in self.layers.items():
+            h = layer(h, cos, sin) if cache is None else layer(h, cos, sin, cache.layer(i))
+        if cache is not None:
+            cache.length += x.shape[1]
         if self.lm_head is None:
             return h
         return self.lm_head(self.norm(h))

@@ -6,8 +6,11 @@ the one before:
 
     1. pipeline split   which layers this rank holds: one chunk, or one per virtual stage
     2. tensor parallel  each chunk's matrices split over the TP group (`TP_PLAN`)
-    3. context parallel each attention core swapped for ring or all-gather attention
-    4. data parallel    the gradients of everything this rank holds reduced over dp x cp,
+    3. context parallel each attention core swapped for ring, all-gather or Ulysses attention
+    4. recompute        each block (full) or attention core (selective) runs again in
+                        the backward instead of keeping its activations; after CP, so
+                        that selective wraps the ring or all-gather attention
+    5. data parallel    the gradients of everything this rank holds reduced over dp x cp,
                         plainly or with ZeRO stage 1, 2 or 3
 
 Weights are initialised by parameter name and seed before any split, so whatever the
@@ -28,6 +31,7 @@ from .parallel.data import DataParallel
 from .parallel.pipeline import build_stage_modules
 from .parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy_sum
 from .parallel.zero import ZERO_STAGES, ZeRO3
+from .recompute import apply_recompute
 
 
 class ParallelModel(NamedTuple):
@@ -47,11 +51,14 @@ def parallelize(mcfg: ModelConfig, pcfg: ParallelConfig, grid: ProcessGrid, seed
     else:
         chunks = [Transformer(mcfg, seed=seed)]
     if pcfg.tp > 1:                                                  # 2. tensor parallel
-        chunks = [apply_tensor_parallel(m, grid.tp, sp=pcfg.sp) for m in chunks]
+        chunks = [apply_tensor_parallel(m, grid.tp, sp=pcfg.sp, overlap=pcfg.tp_overlap)
+                  for m in chunks]
     if pcfg.cp > 1:                                                  # 3. context parallel
         chunks = [apply_context_parallel(m, grid.cp, impl=pcfg.cp_impl) for m in chunks]
+    if pcfg.recompute != "none":                                     # 4. recompute
+        chunks = [apply_recompute(m, pcfg.recompute) for m in chunks]
     chunks = [m.to(device) for m in chunks]
-    dp = data_parallel(chunks, grid, pcfg)                            # 4. data parallel
+    dp = data_parallel(chunks, grid, pcfg)                            # 5. data parallel
     return ParallelModel(chunks, dp, loss_function(pcfg, grid))
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -22,16 +23,18 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from . import checkpoint, cli, comm, launch
+from . import checkpoint, cli, comm, export, hf, launch, profile
 from .config import ConfigError, TrainConfig
 from .data import local_microbatches, make_source
 from .flops import mfu
 from .grid import ProcessGrid
+from .memory import ActivationMeter, cuda_peak_bytes, fullest_rank, state_bytes
 from .parallel.context import shard_sequence
 from .parallel.data import DataParallel
 from .parallel.pipeline import pipeline_forward_backward, sync_tied_gradients, write_trace
 from .parallelize import parallelize
 from .peak import peak_flops
+from .preflight import check_run
 
 __all__ = ["TrainConfig", "train", "main"]
 
@@ -88,8 +91,10 @@ def forward_backward(model, micro, n_tokens, pcfg, grid, trace=None) -> torch.Te
     for i, mb in enumerate(micro):
         model.dp.set_last_microbatch(i == len(micro) - 1)
         x, y, pos = shard_sequence(mb[:, :-1], mb[:, 1:], grid.cp)
-        loss = model.loss_fn(model.chunks[0](x, pos), y) / n_tokens
-        loss.backward()
+        with profile.span(f"F mb{i}", kind="F", microbatch=i):
+            loss = model.loss_fn(model.chunks[0](x, pos), y) / n_tokens
+        with profile.span(f"B mb{i}", kind="B", microbatch=i):
+            loss.backward()
         total += loss.detach()
     return total
 
@@ -104,15 +109,21 @@ class Trainer:
         self.grid = ProcessGrid(p.tp, p.cp, p.pp, p.dp, dist.get_rank()).init_groups()
         self.device = launch.device()
         self.model = parallelize(self.mcfg, p, self.grid, cfg.seed, self.device)
+        if cfg.init_hf:      # a Hugging Face model's weights: each rank reads its slices
+            hf.load_weights(cfg.init_hf, self.model.chunks, self.mcfg, self.model.dp.shard_of,
+                            self.grid.tp.rank, self.grid.tp.size)
         if compute_dtype(cfg, self.device) == torch.bfloat16:
             # mixed precision: weights, gradients and optimizer state stay fp32 (the master
             # copy); matmuls run in bf16 inside each chunk's forward
             for m in self.model.chunks:
                 m.forward = torch.autocast(self.device.type, dtype=torch.bfloat16)(m.forward)
         self.optimizer = adamw(self.model.dp.optimizer_params(), cfg.lr, cfg.weight_decay)
-        self.source = make_source(cfg.data, self.mcfg.vocab_size, cfg.seed)
+        self.source = make_source(cfg.data, self.mcfg.vocab_size, cfg.seed,
+                                  hf.tokenizer_file(cfg.init_hf))
         self.n_tokens = cfg.global_batch * cfg.seq_len
         self.trace = [] if cfg.trace else None
+        if cfg.profile:
+            profile.trace_layers(self.model.chunks)     # per-layer spans while recording
         self.probes: dict[int, object] = {}
 
     def step(self, step: int) -> dict:
@@ -124,7 +135,8 @@ class Trainer:
         batch = self.source.batch(step, cfg.global_batch, cfg.seq_len).to(self.device)
         micro = local_microbatches(batch, grid.dp.rank, self.pcfg.dp, self.pcfg.microbatches)
         dp.start_step()
-        loss = forward_backward(self.model, micro, self.n_tokens, self.pcfg, grid, self.trace)
+        with ActivationMeter() as saved:     # what autograd keeps for the backward
+            loss = forward_backward(self.model, micro, self.n_tokens, self.pcfg, grid, self.trace)
         dp.finish_backward()          # every gradient summed over dp x cp (or my shard of it)
         if self.pcfg.pp > 1 and self.mcfg.tie_embeddings:
             sync_tied_gradients(self.model.chunks, dp, grid)   # embedding (first) = head (last)
@@ -133,10 +145,17 @@ class Trainer:
         lr = lr_at(step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        loss = global_loss(loss, grid)      # the same number on every rank, as is the norm
+        finite = check_finite(step, loss, norm, cfg.skip_nonfinite)
+        with profile.span("optimizer", kind="optimizer"):
+            if finite:                # else: --skip-nonfinite, no update from this batch
+                self.optimizer.step()
         dp.after_optimizer_step()     # ZeRO 1/2: every rank gathers the updated weights
-        loss = global_loss(loss, grid)
-        return step_record(step, loss, norm, lr, time.perf_counter() - t0, self)
+        rec = step_record(step, loss, norm, lr, time.perf_counter() - t0, self)
+        if not finite:
+            rec["skipped"] = True
+        rec["memory"] = fullest_rank({**self.memory_bytes(), "activations": saved.peak}, grid)
+        return rec
 
     def probe(self, step: int):
         """`TrainConfig.after_backward`: a look at the reduced gradients (the tests')."""
@@ -148,9 +167,28 @@ class Trainer:
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds in parameters, gradients and optimizer state, counted
         from the tensors themselves, between steps."""
-        state = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
-                    for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
-        return {**self.model.dp.memory_bytes(), "optimizer": state}
+        out = state_bytes(self.model.dp, self.optimizer)
+        peak = cuda_peak_bytes(self.device)     # everything the allocator held, on CUDA
+        return out if peak is None else {**out, "cuda_max_allocated": peak}
+
+
+class NonFinite(RuntimeError):
+    """The loss or the gradient norm of a step is NaN or infinite (and not --skip-nonfinite)."""
+
+    def __init__(self, step: int, loss: float, norm: float):
+        super().__init__(f"step {step}: loss {loss} / gradient norm {norm} is not finite; "
+                         "stopped before the update (--skip-nonfinite skips such steps)")
+        self.step = step
+
+
+def check_finite(step: int, loss: float, norm: float, skip: bool) -> bool:
+    """True when the step may update the weights. Both numbers are all-reduced, so every
+    rank decides the same: all stop (`NonFinite`), or all skip the update (`skip`)."""
+    if math.isfinite(loss) and math.isfinite(norm):
+        return True
+    if skip:
+        return False
+    raise NonFinite(step, loss, norm)
 
 
 def global_loss(loss: torch.Tensor, grid: ProcessGrid) -> float:
@@ -164,7 +202,7 @@ def global_loss(loss: torch.Tensor, grid: ProcessGrid) -> float:
 
 
 # ---------------------------------------------------------------- the loop, per rank
-def train_on_rank(cfg: TrainConfig) -> dict:
+def train_on_rank(cfg: TrainConfig, report: bool = False) -> dict:
     """What every rank runs. Returns its records (rank 0's only), probes and memory."""
     run = Trainer(cfg)
     rank, start, records = run.grid.rank, 0, []
@@ -172,24 +210,99 @@ def train_on_rank(cfg: TrainConfig) -> dict:
         start, records = checkpoint.load(cfg.resume, run.model.chunks, run.model.dp,
                                          run.optimizer, run.grid, run.mcfg)
     log = JsonLog(cfg.log_json, records) if (cfg.log_json and rank == 0) else None
+    if cfg.profile:
+        profile.start(rank)
+    note = resume_note(cfg, start) if (cfg.resume and rank == 0) else None
+    ended = run_steps(run, start, records, log, note, report or cfg.progress)
+    if log:
+        log.close()
+    if cfg.trace and not ended:
+        write_trace(cfg.trace, run.trace, run.grid)
+    if cfg.export_hf and not ended:    # the trained model as a Hugging Face directory (rank 0 writes)
+        export.export_run(cfg.export_hf, run.model.chunks, run.model.dp, run.optimizer,
+                          run.grid, run.mcfg, tokenizer_dir=cfg.init_hf)
+    return {"records": records if rank == 0 else None, "probes": run.probes,
+            "memory": run.memory_bytes(), "coords": run.grid.coords(rank),
+            "comm": comm.LOG.summary(), "ended": ended,
+            "profile": None if ended else finish_profile(cfg, run)}
+
+
+def run_steps(run: Trainer, start: int, records: list, log, note: dict | None,
+              report: bool = False) -> dict | None:
+    """The loop from step `start`. Returns None when every step ran, else why it ended
+    early: a stop signal that every rank agreed on at a step boundary (after a checkpoint,
+    on SIGTERM with --save), or a step that was not finite."""
+    cfg, rank, saved_at = run.cfg, run.grid.rank, None
     steps = progress_bar(range(start, cfg.steps), cfg, rank)
     for step in steps:
-        maybe_fail(cfg, step, rank)
-        rec = run.step(step)
+        signum = agreed_stop(run.grid)
+        if signum:
+            return stop_at(run, step, signum, records, saved_at, start)
+        maybe_fail(cfg, step, rank, report)
+        try:
+            with profile.span(f"step {step}", cat="step", step=step):
+                rec = run.step(step)
+        except NonFinite as e:       # every rank raised it at the same step
+            return {"reason": "nonfinite", "step": e.step, "message": str(e)}
+        if note:                     # the first record after a resume says where from
+            rec["resume"], note = note, None
         records.append(rec)
         if log:
             log.write(rec)
         if checkpoint_due(cfg, step + 1):
             checkpoint.save(cfg.save, step + 1, run.model.chunks, run.model.dp, run.optimizer,
                             run.grid, cfg, records)
+            saved_at = step + 1
         if hasattr(steps, "set_postfix"):
             steps.set_postfix(loss=f"{rec['loss']:.4f}")
-    if log:
-        log.close()
-    if cfg.trace:
-        write_trace(cfg.trace, run.trace, run.grid)
-    return {"records": records if rank == 0 else None, "probes": run.probes,
-            "memory": run.memory_bytes(), "coords": run.grid.coords(rank)}
+    return None
+
+
+def agreed_stop(grid: ProcessGrid) -> int:
+    """Collective, at every step boundary: the stop signal any rank has received (0:
+    none). A signal reaches the ranks at different moments, mid-step; the MAX over the
+    world is the same everywhere, so every rank stops at the same step."""
+    flag = torch.tensor(float(launch.stop_requested()), device=launch.device())
+    with comm.paused():
+        comm.all_reduce(flag, grid.world, op="max")
+    return int(flag.item())
+
+
+def stop_at(run: Trainer, step: int, signum: int, records: list, saved_at, start: int) -> dict:
+    """Stop after `step` steps. On SIGTERM (a preemption: the job will be restarted) a
+    --save run first checkpoints what it did since its last checkpoint."""
+    cfg, path = run.cfg, None
+    if cfg.save and signum == signal.SIGTERM and step > start:
+        path = os.path.join(cfg.save, checkpoint.step_dir_name(step)) if saved_at == step else \
+            checkpoint.save(cfg.save, step, run.model.chunks, run.model.dp, run.optimizer,
+                            run.grid, cfg, records)
+    return {"reason": "signal", "signal": signum, "step": step, "checkpoint": path}
+
+
+def resume_note(cfg: TrainConfig, start: int) -> dict:
+    """What the log records of a resume: from where, at which step, and what changed in
+    the run's meaning (allowed by --resume-allow-change)."""
+    manifest = checkpoint.read_manifest(checkpoint.resolve(cfg.resume))
+    return {"from": cfg.resume, "step": start,
+            "changed": checkpoint.meaning_changes(manifest, cfg)}
+
+
+def finish_profile(cfg: TrainConfig, run: Trainer) -> dict | None:
+    """--profile DIR: every rank's spans into one trace file (rank 0 writes it); rank 0
+    gets back its path and each axis' hidden and exposed communication (from step 1 on:
+    step 0 warms up)."""
+    if not cfg.profile:
+        return None
+    meta = {"layout": run.pcfg.as_dict(), "model": cfg.model, "seq_len": cfg.seq_len,
+            "global_batch": cfg.global_batch, "steps": cfg.steps,
+            "backend": dist.get_backend(), "device": run.device.type, "torch": torch.__version__}
+    trace = profile.finish(cfg.profile, run.grid.coords(run.grid.rank), meta)
+    if trace is None:
+        return None
+    steps = sorted(profile.step_windows(trace, 0))      # a resumed run starts later
+    return {"path": str(profile.trace_path(cfg.profile)), "backend": meta["backend"],
+            "exposure": profile.exposure(trace, from_step=steps[min(1, len(steps) - 1)]
+                                         if steps else 0)}
 
 
 def progress_bar(steps, cfg: TrainConfig, rank: int):
@@ -222,11 +335,11 @@ def checkpoint_due(cfg: TrainConfig, done: int) -> bool:
     return bool(cfg.save) and (done == cfg.steps or (cfg.save_every > 0 and done % cfg.save_every == 0))
 
 
-def maybe_fail(cfg: TrainConfig, step: int, rank: int):
+def maybe_fail(cfg: TrainConfig, step: int, rank: int, report: bool = True):
     """--fail-at-step K --fail-rank R: rank R dies at the start of step K, the way a GPU
     that falls off the bus does: no exception, no word to its peers, just gone."""
     if cfg.fail_at_step == step and rank == (cfg.fail_rank or 0):
-        if cfg.progress:
+        if report:
             print(f"rank {rank}: injected failure at step {step} (--fail-at-step)", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -251,31 +364,17 @@ def step_record(step: int, loss: float, norm: float, lr: float, dt: float, run: 
 
 
 # ---------------------------------------------------------------- the run and its restarts
-def check_run(cfg: TrainConfig) -> TrainConfig:
-    """Every rule that can be checked before a rank starts: the configuration's own
-    (`TrainConfig.validate`), then this machine's: the torchrun world, files, checkpoints."""
-    cfg.validate()
-    if launch.in_torchrun() and int(os.environ["WORLD_SIZE"]) != cfg.parallel.world_size:
-        p = cfg.parallel
-        raise ConfigError(f"--tp {p.tp} x --cp {p.cp} x --pp {p.pp} x --dp {p.dp} = "
-                          f"{p.world_size} ranks, but torchrun started {os.environ['WORLD_SIZE']}")
-    if cfg.data is not None:
-        if not os.path.isfile(cfg.data):
-            raise ConfigError(f"--data {cfg.data}: no such file")
-        if cfg.model_config().vocab_size < 256:
-            raise ConfigError("--data trains on bytes and needs a vocabulary of at least 256")
-    checkpoint.check_flags(cfg)
-    return cfg
-
-
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig, report: bool = False) -> dict:
     """Check, then run on tp*cp*pp*dp ranks (forked locally, or this torchrun world).
     Returns rank 0's result: {"records": [...], "probes": ..., "memory": ...}, and
     "all": every rank's result when run locally, "failures": the restarts it survived.
 
     --max-restarts N: when a rank fails, start a fresh world from the latest checkpoint,
     up to N times. Under torchrun, restarting is torchrun's job (its own --max-restarts);
-    a restarted worker sees TORCHELASTIC_RESTART_COUNT > 0 and resumes the same way."""
+    a restarted worker sees TORCHELASTIC_RESTART_COUNT > 0 and resumes the same way.
+
+    `report` (the command line's): an injected failure and each restart also say so on
+    stderr, bar or no bar; from Python they are in "failures" (and on the bar's stderr)."""
     check_run(cfg)
     if cfg.peak_flops is None:
         cfg.peak_flops = peak_flops()
@@ -284,7 +383,8 @@ def train(cfg: TrainConfig) -> dict:
     failures = []
     while True:
         try:
-            results = launch.run(train_on_rank, cfg.parallel.world_size, cfg, timeout_s=cfg.timeout_s)
+            results = launch.run(train_on_rank, cfg.parallel.world_size, cfg, report=report,
+                                 timeout_s=cfg.timeout_s, stop_grace_s=cfg.stop_grace_s)
             break
         except launch.RankFailed as e:
             if len(failures) >= cfg.max_restarts or launch.in_torchrun():
@@ -292,9 +392,9 @@ def train(cfg: TrainConfig) -> dict:
             cfg = restarted(cfg)
             failures.append({"rank": e.rank, "error": str(e).splitlines()[0], "resumed_from": cfg.resume,
                              "resumed_at_step": checkpoint.step_of(cfg.resume)})
-            if cfg.progress:
+            if report or cfg.progress:
                 print(f"{failures[-1]['error']}\nrestart {len(failures)}/{cfg.max_restarts} "
-                      f"from {cfg.resume or 'the start'}", file=sys.stderr)
+                      f"from {cfg.resume or 'the start'}", file=sys.stderr, flush=True)
     return {**results[0], "all": results, "failures": failures}
 
 
@@ -308,17 +408,24 @@ def restarted(cfg: TrainConfig) -> TrainConfig:
 
 def main(argv=None) -> int:
     """`python -m minipar.train`: flags in (`cli.parse`), one run, one line out. A bad
-    flag exits 2 before any rank starts; a failed rank exits 1 naming it."""
+    flag exits 2 before any rank starts; a failed rank exits 1 naming it; a non-finite step
+    exits 1 naming it; SIGTERM / SIGINT exit 128 + the signal, one line, nothing left running."""
     cfg = cli.parse(argv)
-    try:
-        check_run(cfg)
-    except ConfigError as e:
-        return cli.error(e)
-    try:
-        out = train(cfg)
-    except launch.RankFailed as e:
-        return cli.error(e, status=1, detail=True)
+    with cli.stop_on_signals():
+        try:
+            out = train(cfg, report=True)    # check_run first: bad input exits 2 before any rank
+        except ConfigError as e:
+            return cli.error(e)
+        except launch.RankFailed as e:
+            return cli.error(e, status=1, detail=True)
+        except launch.Stopped as e:
+            return cli.error(e, status=128 + e.signum, prefix="")
+    if out.get("ended"):
+        return cli.report_end(out["ended"], rank0=out["records"] is not None)
     cli.print_summary(out)
+    if out.get("profile"):
+        print(f"trace: {out['profile']['path']} (open it in ui.perfetto.dev)")
+        print(profile.format_exposure(out["profile"]["exposure"], out["profile"]["backend"]))
     return 0
 
 

@@ -289,15 +289,93 @@ def test_a_truncated_file_is_named_before_any_process_starts(broken, capsys):
     assert path in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
-def test_a_corrupt_file_is_named_by_the_rank_that_reads_it(broken):
-    step_dir, layout = broken
-    path = os.path.join(step_dir, "rank_00002.pt")
+def flip_a_byte(path):
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0xFF                       # same size, one byte flipped
     open(path, "wb").write(bytes(data))
-    with pytest.raises(launch.RankFailed, match=re.escape(path) + " is corrupt: its SHA-256"):
-        run(resume=step_dir, **layout)
+
+
+def refused_before_any_rank(argv, message, capsys, monkeypatch):
+    """main(argv) exits 2 with one line holding `message`, and no rank ever started."""
+    def refuse(*a, **k):
+        raise AssertionError("a rank started")
+    monkeypatch.setattr(launch, "run_local", refuse)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.undo()
+
+
+@pytest.mark.slow
+def test_a_corrupt_file_is_named_before_any_rank_starts(broken, capsys, monkeypatch):
+    step_dir, layout = broken
+    path = os.path.join(step_dir, "rank_00002.pt")
+    flip_a_byte(path)
+    with pytest.raises(CheckpointError, match=re.escape(path) + " is corrupt: its SHA-256"):
+        checkpoint.check_resume(step_dir, TINY, STEPS)
+    refused_before_any_rank(["--resume", step_dir, "--steps", str(STEPS)], f"{path} is corrupt",
+                            capsys, monkeypatch)
+
+
+@pytest.mark.slow
+def test_a_rank_file_without_tensors_is_verified_too(broken, capsys, monkeypatch):
+    """dp 2 without ZeRO: rank 1's copies do not count, its file holds no tensors and no
+    rank reads it on resume; it is still checked against the manifest."""
+    step_dir, _ = broken
+    manifest_path = os.path.join(step_dir, "manifest.json")
+    m = json.load(open(manifest_path))
+    m["files"]["rank_00003.pt"]["names"] = []          # as a rank holding nothing lists it
+    json.dump(m, open(manifest_path, "w"))
+    flip_a_byte(os.path.join(step_dir, "rank_00003.pt"))
+    refused_before_any_rank(["--resume", step_dir, "--steps", str(STEPS)],
+                            "rank_00003.pt is corrupt", capsys, monkeypatch)
+
+
+def test_damaged_manifests_and_pointers_are_one_line(tmp_path, capsys, monkeypatch):
+    """Binary garbage, a JSON list, a manifest without `files`, a `latest` of garbage:
+    each a CheckpointError naming the file, never a UnicodeDecodeError or KeyError."""
+    good = {"format": checkpoint.FORMAT, "step": 2, "world_size": 1, "layout": {},
+            "model": dataclasses.asdict(TINY), "train": {}, "files": {}}
+    cases = {"garbage": bytes(range(256)) * 4, "list": b"[1, 2, 3]",
+             "nofiles": json.dumps({k: v for k, v in good.items() if k != "files"}).encode(),
+             "badentry": json.dumps({**good, "files": {"rank_00000.pt": 7}}).encode()}
+    expect = {"garbage": "is unreadable", "list": "holds a JSON list",
+              "nofiles": "`files` is missing", "badentry": "lacks bytes or sha256"}
+    for name, data in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "manifest.json").write_bytes(data)
+        with pytest.raises(CheckpointError, match=re.escape(expect[name])):
+            checkpoint.check_resume(str(d), TINY, STEPS)
+        refused_before_any_rank(["--resume", str(d)], str(d / "manifest.json"), capsys, monkeypatch)
+    root = tmp_path / "save"
+    root.mkdir()
+    (root / "latest").write_bytes(b"\xff\xfe\x00garbage")
+    refused_before_any_rank(["--resume", str(root)], f"checkpoint pointer {root / 'latest'}",
+                            capsys, monkeypatch)
+
+
+@pytest.mark.slow
+def test_resume_refuses_another_meaning_unless_allowed(saved, tmp_path, capsys, monkeypatch):
+    """seq-len, global batch, data and seed decide which tokens a step reads: changing one
+    on resume splices two runs. Refused, unless --resume-allow-change; then the log says."""
+    root, layout, _ = saved
+    step2 = os.path.join(root, "step_000002")
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefgh" * 100)
+    for argv, said in [(["--seq-len", "16"], "--seq-len 32 (now 16)"),
+                       (["--global-batch", "4"], "--global-batch 8 (now 4)"),
+                       (["--seed", "1"], "--seed 0 (now 1)"),
+                       (["--data", str(text)], "--data None (now sha256:")]:
+        refused_before_any_rank(["--resume", step2, *argv], said, capsys, monkeypatch)
+    log = tmp_path / "log.jsonl"
+    argv = ["--resume", step2, "--seed", "1", "--resume-allow-change", "--steps", "3",
+            "--dp", "2", "--no-progress", "--log-json", str(log)]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[2]["resume"] == {"from": step2, "step": 2, "changed": {"--seed": [0, 1]}}
+    assert "resume" not in rows[1]
 
 
 @pytest.mark.slow

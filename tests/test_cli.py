@@ -2,6 +2,8 @@
 any process starts; a good run writes the JSON Lines the book reads."""
 import dataclasses
 import json
+import math
+import os
 import subprocess
 import sys
 
@@ -25,11 +27,42 @@ BAD = [
     (["--sp"], "--sp needs --tp > 1"),
     (["--schedule", "gpipe", "--pp", "2"], "--schedule 'gpipe' is unknown"),
     (["--steps", "many"], "argument --steps: invalid int value"),
+    # numbers: NaN passes every `x < 0`; absurd finite values train to NaN
+    (["--lr", "nan"], "--lr nan must be in (0, 1]"),
+    (["--lr", "inf"], "--lr inf must be in (0, 1]"),
+    (["--lr", "1e30"], "--lr 1e+30 must be in (0, 1]"),
+    (["--lr", "0"], "--lr 0.0 must be in (0, 1]"),
+    (["--weight-decay", "nan"], "--weight-decay nan must be finite and >= 0"),
+    (["--clip", "-1"], "--clip -1.0 must be finite and >= 0"),
+    (["--clip", "nan"], "--clip nan must be finite and >= 0"),
+    (["--bucket-mb", "nan"], "--bucket-mb nan must be >= 0"),
+    (["--min-lr-ratio", "-5"], "--min-lr-ratio -5.0 must be in [0, 1]"),
+    (["--min-lr-ratio", "1.5"], "--min-lr-ratio 1.5 must be in [0, 1]"),
+    (["--timeout-s", "nan"], "--timeout-s nan must be finite and positive"),
+    (["--stop-grace-s", "-1"], "--stop-grace-s -1.0 must be finite and >= 0"),
+    # the rule names the flags given: no --cp when CP is off
+    (["--seq-len", "33", "--tp", "2", "--sp"], "--sp needs --seq-len 33 divisible by --tp 2"),
+    (["--seq-len", "33", "--cp", "2"], "--cp 2 needs --seq-len divisible by 2*cp=4"),
+    # more than this machine holds: refused before a byte is allocated
+    (["--model", "llama3-405b"], "--model llama3-405b needs at least"),
+    # the default --microbatches is said when it is the reason
+    (["--schedule", "interleaved", "--pp", "4", "--dp", "4"],
+     "(--microbatches defaults to --pp 4 with --schedule interleaved)"),
 ]
 
 
+@pytest.fixture
+def no_rank_may_start(monkeypatch):
+    """Bad input is refused before any process starts: starting one fails the test."""
+    from minipar import launch
+
+    def refuse(*a, **k):
+        raise AssertionError("a rank was started for input that could be checked first")
+    monkeypatch.setattr(launch, "run_local", refuse)
+
+
 @pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+def test_bad_input_exits_2_with_one_line(argv, message, capsys, no_rank_may_start):
     try:
         code = main(argv)
     except SystemExit as e:          # argparse's own errors
@@ -80,3 +113,127 @@ def test_flags_are_generated_from_the_config_fields():
             if "help" in f.metadata:
                 flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
                 assert flag in text, flag
+
+
+def bad_paths(tmp):
+    """Files and paths the ranks would trip over, each with the line that names it."""
+    empty, short, afile = tmp / "empty.txt", tmp / "short.txt", tmp / "a_file"
+    empty.write_bytes(b"")
+    short.write_bytes(b"0123456789")
+    afile.write_text("x")
+    out = [
+        (["--data", str(empty)], f"--data {empty} holds 0 bytes; --seq-len 32 needs at least seq_len + 2 = 34"),
+        (["--data", str(short)], f"--data {short} holds 10 bytes"),
+        (["--data", str(short), "--seq-len", "4"], None),               # long enough for 4
+        (["--log-json", str(tmp / "no" / "log.jsonl")], f"{tmp / 'no'} does not exist"),
+        (["--log-json", str(afile / "log.jsonl")], f"{afile} is a file, not a directory"),
+        (["--log-json", str(tmp)], f"--log-json {tmp} is a directory, not a file"),
+        (["--trace", str(tmp / "no" / "t.json")], f"--trace {tmp / 'no' / 't.json'}"),
+    ]
+    if os.getuid() != 0:             # root may write a read-only file
+        ro = tmp / "ro.jsonl"
+        ro.write_text("")
+        ro.chmod(0o444)
+        out.append((["--log-json", str(ro)], f"--log-json {ro} is not writable"))
+    return out
+
+
+def test_files_and_paths_are_checked_before_any_rank(tmp_path, capsys, monkeypatch):
+    from minipar import launch
+    started = []
+    monkeypatch.setattr(launch, "run_local", lambda *a, **k: started.append(a) or [{"records": [], "ended": None}])
+    for argv, message in bad_paths(tmp_path):
+        code = main([*argv, "--steps", "1", "--no-progress"])
+        err = capsys.readouterr().err
+        if message is None:
+            assert code == 0 and started, (argv, err)
+            continue
+        assert code == 2, (argv, err)
+        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert len(started) == 1
+
+
+def test_memory_a_preset_needs_is_compared_with_the_machine(monkeypatch):
+    """The per-rank lower bound: the stage built whole in float32, or its TP shard with
+    gradients and AdamW's m and v (16 B a weight), ZeRO-sharded; all local ranks add up."""
+    from minipar import formulas, preflight
+    from minipar.config import ConfigError, ModelConfig
+    big = TrainConfig(model="llama3-8b")
+    n = formulas.param_count(ModelConfig.preset("llama3-8b"))
+    assert preflight.stage_bytes(big.model_config(), big, 0) == (4 * n, 16 * n)
+    tp4 = TrainConfig(model="llama3-8b", parallel=ParallelConfig(tp=4, dp=2, zero=1))
+    built, held = preflight.stage_bytes(tp4.model_config(), tp4, 0)
+    assert built == 4 * n              # built whole before TP cuts it
+    assert 3 * n <= held < 3.01 * n    # n/4 x (4 weight + 4 grad + 8/2 Adam); norms replicated
+    monkeypatch.setattr(preflight, "available_ram", lambda: 16 * n * 2 - 1)
+    with pytest.raises(ConfigError, match=r"--model llama3-8b needs at least .* GiB .* of its 2 rank"):
+        preflight.check_memory(TrainConfig(model="llama3-8b", parallel=ParallelConfig(dp=2)))
+    monkeypatch.setattr(preflight, "available_ram", lambda: 16 * n * 2)
+    preflight.check_memory(TrainConfig(model="llama3-8b", parallel=ParallelConfig(dp=2)))
+    assert preflight.available_ram() is None or preflight.available_ram() > 0
+
+
+def test_odd_seq_len_trains_without_cp_and_interleaved_picks_its_microbatches(capsys):
+    """--seq-len 33 needs no CP rule when CP is off (nor SP's when TP runs without SP);
+    --schedule interleaved without --microbatches takes --pp of them and gives the
+    reference loss (the global batch, not its cut, sets the loss)."""
+    assert ParallelConfig(pp=2, schedule="interleaved").microbatches == 2
+    assert ParallelConfig(pp=2).microbatches == ParallelConfig(schedule="interleaved").microbatches == 1
+    assert main(["--seq-len", "33", "--tp", "2", "--steps", "1", "--no-progress"]) == 0
+    from helpers import losses, max_rel_diff
+    from minipar.train import train
+    ref = losses(train(TrainConfig(steps=2, progress=False)))
+    cfg = TrainConfig(parallel=ParallelConfig(pp=2, schedule="interleaved", virtual_stages=2),
+                      steps=2, progress=False)
+    assert max_rel_diff(losses(train(cfg)), ref) <= 1e-5
+
+
+def poison_gradients_at(monkeypatch, step_to_poison: int):
+    """Every gradient of step `step_to_poison` becomes NaN (as an overflow would make it),
+    on every rank: the forked ranks inherit the patched Trainer."""
+    from minipar import train as train_module
+    probe = train_module.Trainer.probe
+
+    def poisoned(self, step):
+        if step == step_to_poison:
+            for g, _ in self.model.dp.grads():
+                g.fill_(float("nan"))
+        return probe(self, step)
+    monkeypatch.setattr(train_module.Trainer, "probe", poisoned)
+
+
+def test_a_nonfinite_step_stops_the_run_naming_it(monkeypatch, capsys, tmp_path):
+    poison_gradients_at(monkeypatch, 2)
+    log = tmp_path / "log.jsonl"
+    assert main(["--dp", "2", "--steps", "4", "--no-progress", "--log-json", str(log)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "step 2: loss" in err and "is not finite" in err and "--skip-nonfinite" in err
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [0, 1]
+
+
+def weight_sum(step, chunks, dp, grid):
+    """after_backward probe: a fingerprint of this rank's weights before the step's update."""
+    return float(sum(p.detach().double().sum() for m in chunks for p in m.parameters()))
+
+
+def test_skip_nonfinite_skips_the_update_and_goes_on(monkeypatch):
+    from helpers import losses
+    from minipar.train import train
+    text = " ".join(cli.build_parser().format_help().split())
+    assert "--skip-nonfinite" in text and "instead of stopping the run" in text
+    poison_gradients_at(monkeypatch, 1)
+    out = train(TrainConfig(parallel=ParallelConfig(dp=2), steps=4, progress=False,
+                            skip_nonfinite=True, after_backward=weight_sum))
+    assert [r.get("skipped", False) for r in out["records"]] == [False, True, False, False]
+    assert all(math.isfinite(x) for x in losses(out)[2:])
+    w = out["probes"]
+    assert w[1] == w[2] != w[3] and w[0] != w[1]      # no update at step 1, updates after
+
+
+def test_make_lab_passes_allow_root_as_root(repo_root):
+    """JupyterLab refuses to start as root without --allow-root (containers run as root)."""
+    out = subprocess.run(["make", "-n", "lab"], cwd=repo_root, capture_output=True, text=True,
+                         timeout=60).stdout
+    [line] = [x for x in out.splitlines() if "jupyter lab" in x]
+    assert ("--allow-root" in line) == (os.getuid() == 0), line

@@ -10,13 +10,15 @@ import torch
 import torch.distributed as dist
 
 from minipar import comm, launch
-from minipar.config import ModelConfig
+from minipar.config import ModelConfig, ParallelConfig
 from minipar.grid import Axis, ProcessGrid
 from minipar.model import Transformer, causal_attention
+from minipar.parallel import context
 from minipar.parallel.context import (CORES, apply_context_parallel, attention_work,
                                       contiguous_chunks, local_positions, ring_attention, ring_steps,
                                       shard_for_context_parallel, zigzag_chunks)
-from minipar.formulas import cp_hops, cp_wire_bytes_per_step
+from minipar.formulas import (cp_hops, cp_kv_bytes, cp_wire_bytes_per_step, ulysses_kv_heads,
+                              ulysses_layer_bytes)
 from minipar.train import main
 
 from helpers import assert_close_grads, assert_same_losses, reference, run_layout
@@ -88,8 +90,22 @@ def test_zigzag_balances_the_causal_work(cp):
 CASES = [(1, 1, 1, 1, 2), (2, 3, 4, 4, 8), (1, 4, 8, 2, 8), (2, 5, 6, 1, 4)]
 
 
+def _ulysses_fits(cp, hq, hkv):
+    """The heads Ulysses can share out: query heads divisible by cp, KV heads too or
+    replicable (cp a multiple of them)."""
+    return hq % cp == 0 and (hkv % cp == 0 or cp % hkv == 0)
+
+
+def _wire_formula(impl, cp, b, s, hq, hkv, d):
+    """What the formulas say one rank sends for one attention, forward and backward."""
+    if impl == "ulysses":
+        heads = ulysses_kv_heads(hkv, cp)
+        return ulysses_layer_bytes(cp_kv_bytes(b * s // cp, heads, d, 4), cp, hq // heads)
+    return cp_hops(cp, impl) * cp_kv_bytes(b * s // cp, hkv, d, 4)
+
+
 def _attention_cases(cp):
-    """On each rank: every case, both implementations (and the ring on the naive layout),
+    """On each rank: every case, every implementation (and the ring on the naive layout),
     forward and backward against full causal attention on one device."""
     grid = ProcessGrid(cp=cp, rank=dist.get_rank()).init_groups()
     axis, results = grid.cp, []
@@ -100,8 +116,10 @@ def _attention_cases(cp):
         dout = torch.randn(b, s, hq, d, generator=g)
         want = causal_attention(q, k, v)
         want.backward(dout)
-        for name, layout in (("ring", zigzag_chunks), ("allgather", zigzag_chunks),
-                             ("ring", contiguous_chunks)):
+        impls = [("ring", zigzag_chunks), ("allgather", zigzag_chunks), ("ring", contiguous_chunks)]
+        if _ulysses_fits(cp, hq, hkv):
+            impls.append(("ulysses", zigzag_chunks))
+        for name, layout in impls:
             pos = local_positions(s, axis.rank, cp, layout)
             ql, kl, vl = (t.detach()[:, pos].clone().requires_grad_() for t in (q, k, v))
             comm.LOG.reset()
@@ -112,7 +130,7 @@ def _attention_cases(cp):
                 "pairs": [(out, want[:, pos]), (ql.grad, q.grad[:, pos]),
                           (kl.grad, k.grad[:, pos]), (vl.grad, v.grad[:, pos])],
                 "wire": comm.LOG.total("cp"),
-                "block": 2 * b * (s // cp) * hkv * d * 4})
+                "want_wire": _wire_formula(name, cp, b, s, hq, hkv, d)})
     return results
 
 
@@ -124,9 +142,47 @@ def test_attention_matches_full_causal_attention(cp):
             for what, (got, want) in zip(("out", "dq", "dk", "dv"), res["pairs"]):
                 torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-5,
                                            msg=lambda m: f"rank {rank} {res['case']} {what}: {m}")
-            # K/V sent as they are, GQA not expanded: the block has hkv heads, not hq
-            impl = res["case"][0]
-            assert res["wire"] == cp_hops(cp, impl) * res["block"], res["case"]
+            # K/V sent as they are, GQA not expanded (but for Ulysses' replicas): the
+            # block has hkv heads, not hq
+            assert res["wire"] == res["want_wire"], res["case"]
+        assert any(res["case"][0] == "ulysses" for res in results)
+
+
+def _ring_events(cp):
+    """The order in which one rank posts transfers, waits for them and computes blocks in
+    ring attention's backward (`_ring_pass` and `OnlineSoftmax.backprop` wrapped: this is
+    a forked rank, the patch dies with it)."""
+    grid = ProcessGrid(cp=cp, rank=dist.get_rank()).init_groups()
+    events, real_pass, real_backprop = [], context._ring_pass, context.OnlineSoftmax.backprop
+
+    def logged_pass(tensors, axis, wait=True):
+        handle = real_pass(tensors, axis, wait=False)
+        events.append("post")
+        real_wait = handle.wait
+        handle.wait = lambda: (events.append("wait"), real_wait())[1]
+        return handle.wait() if wait else handle
+
+    def logged_backprop(self, *args):
+        events.append("compute")
+        return real_backprop(self, *args)
+    context._ring_pass, context.OnlineSoftmax.backprop = logged_pass, logged_backprop
+    q, k, v = (torch.randn(1, 8, h, 4, requires_grad=True) for h in (4, 2, 2))
+    out = ring_attention(q, k, v, grid.cp)
+    events.clear()                       # the backward's events only
+    out.sum().backward()
+    return events
+
+
+@pytest.mark.slow
+def test_ring_backward_computes_every_block_with_a_transfer_in_flight():
+    for events in launch.run_local(_ring_events, 3, 3):
+        in_flight, computes = 0, []
+        for e in events:
+            in_flight += {"post": 1, "wait": -1, "compute": 0}[e]
+            if e == "compute":
+                computes.append(in_flight)
+        assert len(computes) == 3 and in_flight == 0, events
+        assert all(n > 0 for n in computes), events      # nothing computed while idle
 
 
 def test_hop_counts_of_the_two_implementations():
@@ -136,6 +192,17 @@ def test_hop_counts_of_the_two_implementations():
         assert cp_hops(cp, "ring") == 3 * (cp - 1)
         assert cp_hops(cp, "allgather") == 2 * (cp - 1)
     assert cp_hops(1, "ring") == cp_hops(1, "allgather") == 0
+
+
+def test_ulysses_bytes_by_hand():
+    # q and the output are g/2 K/V blocks each: forward (cp-1)/cp (g + 1) B, backward again
+    for cp, g in ((2, 1), (4, 2), (16, 8)):
+        kv = 64 * cp
+        assert ulysses_layer_bytes(kv, cp, g) == 2 * (cp - 1) * (g + 1) * kv // cp
+        assert ulysses_layer_bytes(kv, cp, g, recompute="full") == 3 * (cp - 1) * (g + 1) * kv // cp
+    assert ulysses_layer_bytes(64, 1, 2) == 0
+    with pytest.raises(ValueError, match="ulysses_layer_bytes"):
+        cp_hops(4, "ulysses")
 
 
 def test_apply_context_parallel_replaces_every_core():
@@ -206,6 +273,14 @@ LAYOUTS = {
     "cp2xpp2-ring": (dict(cp=2, pp=2, microbatches=2), "minipar.parallel.pipeline"),
     "cp2xpp2-allgather": (dict(cp=2, pp=2, microbatches=2, cp_impl="allgather"),
                           "minipar.parallel.pipeline"),
+    "cp2-ulysses": (dict(cp=2, cp_impl="ulysses"), None),
+    "cp4-ulysses": (dict(cp=4, cp_impl="ulysses"), None),
+    "cp2xdp2-ulysses-2micro": (dict(cp=2, dp=2, microbatches=2, cp_impl="ulysses"), None),
+    "cp2xtp2-ulysses-sp": (dict(cp=2, tp=2, sp=True, cp_impl="ulysses"), None),
+    "cp2xpp2-ulysses": (dict(cp=2, pp=2, microbatches=2, cp_impl="ulysses"), None),
+    "cp2xtp2-ring-sp-tp_overlap": (dict(cp=2, tp=2, sp=True, tp_overlap=True), None),
+    "cp2xtp2-ulysses-sp-tp_overlap": (dict(cp=2, tp=2, sp=True, tp_overlap=True, cp_impl="ulysses"),
+                                      None),
 }
 
 
@@ -274,3 +349,21 @@ def test_cli_refuses_a_sequence_not_divisible_by_two_cp(argv, rule, capsys):
     assert main(argv + ["--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--cp {argv[1]}" in err and rule in err, err
+
+
+@pytest.mark.parametrize("argv, rule", [
+    (["--cp", "4", "--tp", "4", "--cp-impl", "ulysses"], "n_heads=8 divisible by cp*tp=16"),
+    (["--cp", "3", "--seq-len", "36", "--cp-impl", "ulysses"], "n_heads=8 divisible by cp*tp=3")])
+def test_cli_refuses_heads_ulysses_cannot_share_out(argv, rule, capsys):
+    assert main(argv + ["--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--cp-impl ulysses" in err and rule in err, err
+
+
+def test_ulysses_kv_heads_replicated_only_when_cp_is_a_multiple():
+    six_kv = ModelConfig(dim=96, n_heads=12, n_kv_heads=6, ffn_dim=192, vocab_size=264)
+    assert ParallelConfig(cp=3, cp_impl="ulysses").problems(six_kv, 48, 8) == []
+    assert ParallelConfig(cp=2, tp=3, cp_impl="ulysses").problems(six_kv, 48, 8) == []  # kv 2
+    bad = ParallelConfig(cp=4, cp_impl="ulysses").problems(six_kv, 48, 8)
+    assert len(bad) == 1 and "KV heads per TP rank (6)" in bad[0], bad
+    assert ulysses_kv_heads(2, 4) == 4 and ulysses_kv_heads(4, 2) == 4

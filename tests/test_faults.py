@@ -61,12 +61,17 @@ def test_kill_and_restart_equals_uninterrupted(tmp_path, uninterrupted, save_eve
     assert [r["loss"] for r in rows] == uninterrupted
 
 
-def test_the_cli_restarts_and_says_so(tmp_path, uninterrupted, capsys):
+def test_the_cli_restarts_and_says_so(tmp_path, uninterrupted, capfd):
     save, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
     code = main([*LAYOUT, "--save", save, "--save-every", "2", "--fail-at-step", "5",
                  "--fail-rank", "0", "--max-restarts", "2", "--log-json", log])
     assert code == 0
-    assert "(after 1 restart(s))" in capsys.readouterr().out
+    out, err = capfd.readouterr()       # fd-level: the line of the forked rank is there too
+    assert "(after 1 restart(s))" in out
+    # the injected failure and the restart on stderr, even with --no-progress
+    assert "rank 0: injected failure at step 5 (--fail-at-step)" in err
+    assert "rank 0 died" in err and f"restart 1/2 from {save}" in err
+    assert "Traceback" not in err
     assert [r["loss"] for r in read_log(log)] == uninterrupted
     assert sorted(os.listdir(save)) == ["latest", "step_000002", "step_000004", "step_000006"]
 

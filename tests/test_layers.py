@@ -23,20 +23,29 @@ LAYERS = [
     "minipar",                      # the package's __init__: ConfigError, the configs
     "minipar.grid",
     "minipar.comm",
+    "minipar.profile",              # traces: spans of compute and of every collective
+    "minipar.heartbeat",            # under torchrun: which rank (and node) is lost
     "minipar.launch",
     "minipar.peak",
+    "minipar.memory",
     "minipar.model",
     "minipar.data",
     "minipar.parallel",
     "minipar.parallel.regions",
+    "minipar.parallel.collective_matmul",
     "minipar.parallel.tensor",
     "minipar.parallel.context",
     "minipar.parallel.data",
     "minipar.parallel.zero",
     "minipar.parallel.schedules",
     "minipar.parallel.pipeline",
+    "minipar.recompute",
     "minipar.parallelize",
     "minipar.checkpoint",
+    "minipar.hf",                   # Hugging Face directories in (a slice per rank) and out
+    "minipar.export",               # a checkpoint or a run's ranks -> a Hugging Face directory
+    "minipar.generate",             # sampling from the reference model with a KV cache
+    "minipar.preflight",            # every check before a rank starts (flags, files, memory)
     "minipar.cli",
     "minipar.train",
     "minipar.testing",              # tests' hooks: built on everything, used by nothing

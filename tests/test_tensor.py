@@ -9,14 +9,18 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minipar import launch
+from minipar import comm, launch
 from minipar.config import ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import RMSNorm, Transformer
+from minipar.parallel import collective_matmul
 from minipar.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TP_PLAN,
                                      VocabParallelEmbedding, apply_tensor_parallel,
-                                     style_of, _replicated, vocab_parallel_cross_entropy_sum)
-from minipar.formulas import tp_wire_bytes_breakdown, tp_wire_bytes_per_step
+                                     style_of, sum_partial_grads, _replicated,
+                                     vocab_parallel_cross_entropy_sum)
+from minipar.formulas import (collective_matmul_bytes, tp_wire_bytes_breakdown,
+                              tp_wire_bytes_per_step)
+from minipar.train import main
 
 from helpers import assert_close_grads, assert_same_losses, reference, run_layout, shard_dim
 
@@ -77,20 +81,21 @@ def _layers_against_torch_nn():
     def feat(t, dim=-1):                      # this rank's half of the features
         return t.chunk(2, dim=dim)[r]
 
-    for sp in (False, True):
+    for sp, overlap in ((False, False), (True, False), (True, True)):
+        sp_ = f"{sp}{' overlap' if overlap else ''}"
         # column-parallel: whole (or SP: sequence-sharded) input, half the outputs
         lin = nn.Linear(6, 4, bias=True)
         x = torch.randn(2, 4, 6, requires_grad=True)
         w = torch.randn(2, 4, 4)
         (lin(x) * w).sum().backward()
-        col = ColumnParallelLinear(lin, axis, enters=True, sp=sp)
+        col = ColumnParallelLinear(lin, axis, enters=True, sp=sp, overlap=overlap)
         xl = (seq(x) if sp else x).detach().requires_grad_()
         y = col(xl)
         (y * feat(w)).sum().backward()        # the ranks' losses add up to the reference's
-        out += [(f"col sp={sp} y", y, feat(lin(x))),
-                (f"col sp={sp} dx", xl.grad, seq(x.grad) if sp else x.grad),
-                (f"col sp={sp} dW", col.weight.grad, feat(lin.weight.grad, 0)),
-                (f"col sp={sp} db", col.bias.grad, feat(lin.bias.grad, 0))]
+        out += [(f"col sp={sp_} y", y, feat(lin(x))),
+                (f"col sp={sp_} dx", xl.grad, seq(x.grad) if sp else x.grad),
+                (f"col sp={sp_} dW", col.weight.grad, feat(lin.weight.grad, 0)),
+                (f"col sp={sp_} db", col.bias.grad, feat(lin.bias.grad, 0))]
 
         # row-parallel: half the input features, the whole (or SP: sequence-sharded) sum
         lin = nn.Linear(4, 6, bias=True)
@@ -98,14 +103,15 @@ def _layers_against_torch_nn():
         w = torch.randn(2, 4, 6)
         ref = lin(x)
         (ref * w).sum().backward()
-        row = RowParallelLinear(lin, axis, sp=sp)
+        row = RowParallelLinear(lin, axis, sp=sp, overlap=overlap)
         xl = feat(x).detach().requires_grad_()
         y = row(xl)
         (y * (seq(w) if sp else w)).sum().backward()
-        out += [(f"row sp={sp} y", y, seq(ref) if sp else ref),
-                (f"row sp={sp} dx", xl.grad, feat(x.grad)),
-                (f"row sp={sp} dW", row.weight.grad, feat(lin.weight.grad, 1)),
-                (f"row sp={sp} db", row.bias.grad, lin.bias.grad)]
+        sum_partial_grads([(row.bias.grad, row.bias)])    # SP: once per step, the DP wrapper's
+        out += [(f"row sp={sp_} y", y, seq(ref) if sp else ref),
+                (f"row sp={sp_} dx", xl.grad, feat(x.grad)),
+                (f"row sp={sp_} dW", row.weight.grad, feat(lin.weight.grad, 1)),
+                (f"row sp={sp_} db", row.bias.grad, lin.bias.grad)]
 
         # vocab-parallel embedding: half the rows, every token
         emb = nn.Embedding(8, 6)
@@ -116,8 +122,8 @@ def _layers_against_torch_nn():
         vemb = VocabParallelEmbedding(emb, axis, sp=sp)
         y = vemb(tokens)
         (y * (seq(w) if sp else w)).sum().backward()
-        out += [(f"embedding sp={sp} y", y, seq(ref) if sp else ref),
-                (f"embedding sp={sp} dW", vemb.weight.grad, feat(emb.weight.grad, 0))]
+        out += [(f"embedding sp={sp_} y", y, seq(ref) if sp else ref),
+                (f"embedding sp={sp_} dW", vemb.weight.grad, feat(emb.weight.grad, 0))]
 
         # a replicated norm: under SP its weight's gradient is summed over the ranks
         norm = RMSNorm(6)
@@ -131,7 +137,8 @@ def _layers_against_torch_nn():
         _replicated(tp_norm, axis, sp)
         y = tp_norm(seq(x) if sp else x)
         (y * (seq(w) if sp else w)).sum().backward()
-        out.append((f"norm sp={sp} dW", tp_norm.weight.grad, norm.weight.grad))
+        sum_partial_grads([(tp_norm.weight.grad, tp_norm.weight)])
+        out.append((f"norm sp={sp_} dW", tp_norm.weight.grad, norm.weight.grad))
 
     # the vocab-parallel loss: the same value and gradient as F.cross_entropy, from half the
     # logits, stable for large logits
@@ -152,9 +159,10 @@ def _layers_against_torch_nn():
         return Transformer(TINY, layer_ids=range(2, 4), first=False, last=False)
     h = torch.randn(2, 8, TINY.dim)
     want = middle()(h, torch.arange(8))
-    for sp in (False, True):
-        got = apply_tensor_parallel(middle(), axis, sp=sp)(seq(h) if sp else h, torch.arange(8))
-        out.append((f"middle stage sp={sp}", got, seq(want) if sp else want))
+    for sp, overlap in ((False, False), (True, False), (True, True)):
+        got = apply_tensor_parallel(middle(), axis, sp=sp, overlap=overlap)(
+            seq(h) if sp else h, torch.arange(8))
+        out.append((f"middle stage sp={sp} overlap={overlap}", got, seq(want) if sp else want))
 
     # the whole model: each parameter records its split as the plan says
     for sp in (False, True):
@@ -165,7 +173,45 @@ def _layers_against_torch_nn():
                 out.append((f"{name}._tp_dim", torch.tensor(getattr(p, "_tp_dim", -1)), torch.tensor(want)))
             if want is None and "tp" not in getattr(p, "_replica_axes", ()):
                 out.append((f"{name} not marked replicated over tp", torch.tensor(0), torch.tensor(1)))
+    out += _matmuls_with_a_transfer_in_flight(axis)
     return [(n, g.detach(), w.detach()) for n, g, w in out]
+
+
+def _matmuls_with_a_transfer_in_flight(axis):
+    """Both ring loops of the collective matmul, with their transfers and matmuls logged:
+    t - 1 of the t matmuls run while a chunk is on its way (the last has nothing left to
+    hide). `_pass_on` is wrapped in this forked rank only."""
+    events, real_pass = [], collective_matmul._pass_on
+
+    def logged_pass(t, ax):
+        handle = real_pass(t, ax)
+        events.append(+1)
+        real_wait = handle.wait
+        handle.wait = lambda: (events.append(-1), real_wait())[1]
+        return handle
+
+    def busy_matmuls():
+        n, in_flight = 0, 0
+        for e in events:
+            in_flight += e if e != "mm" else 0
+            n += e == "mm" and in_flight > 0
+        return n
+    collective_matmul._pass_on = logged_pass
+    x, w = torch.randn(2, 3, 6), torch.randn(4, 6)
+    checks, t = [], axis.size
+    comm.LOG.reset()
+    collective_matmul.all_gather_matmul(x, lambda c, xc: events.append("mm") or xc @ w.T, axis)
+    checks += [("all-gather matmul: busy matmuls", busy_matmuls(), t - 1),
+               ("all-gather matmul: bytes", comm.LOG.total("tp"),      # of the gathered x
+                collective_matmul_bytes(t * x.numel() * 4, t))]
+    events.clear()
+    comm.LOG.reset()
+    collective_matmul.matmul_reduce_scatter(lambda c: events.append("mm") or x @ w.T, axis)
+    checks += [("matmul reduce-scatter: busy matmuls", busy_matmuls(), t - 1),
+               ("matmul reduce-scatter: bytes", comm.LOG.total("tp"),  # of the full output
+                collective_matmul_bytes(t * x.shape[0] * x.shape[1] * w.shape[0] * 4, t))]
+    collective_matmul._pass_on = real_pass
+    return [(name, torch.tensor(got), torch.tensor(want)) for name, got, want in checks]
 
 
 def test_each_layer_matches_torch_nn_forward_and_backward():
@@ -185,6 +231,11 @@ LAYOUTS = [
     dict(tp=2, dp=2, zero=1, sp=True),
     dict(tp=2, dp=2, zero=2, microbatches=2),
     dict(tp=2, dp=2, zero=3, sp=True),
+    # --tp-overlap (collective matmul): alone, over a ring of 4, with DP, PP and micro-batches
+    dict(tp=2, sp=True, tp_overlap=True, microbatches=2),
+    dict(tp=4, sp=True, tp_overlap=True),
+    dict(tp=2, dp=2, zero=3, sp=True, tp_overlap=True),
+    dict(tp=2, pp=2, sp=True, tp_overlap=True, microbatches=2),
 ]
 
 
@@ -196,7 +247,7 @@ def _name(kw):
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_name)
 def test_training_matches_single_device(layout):
     """One run per layout proves three things: the loss curve, every shard's gradient after
-    the first step, and the TP bytes on the wire of every step."""
+    the first step (of the layers the rank holds), and the TP bytes on the wire of every step."""
     ref, got = reference(), run_layout(**layout)
     assert_same_losses(got, ref)
 
@@ -204,24 +255,38 @@ def test_training_matches_single_device(layout):
     for res in got["all"]:
         r = res["coords"]["tp"]
         want = {}
-        for name, g in ref["grads"].items():
-            dim = shard_dim(name)
+        for name in res["grads"]:
+            g, dim = ref["grads"][name], shard_dim(name)
             want[name] = g if dim is None else g.chunk(t, dim=dim)[r]
+        assert len(want) >= 10
         assert_close_grads(res["grads"], want)
+    _check_tp_bytes(layout, got)
 
-    sp, dp, m = layout.get("sp", False), layout.get("dp", 1), layout.get("microbatches", 1)
+
+def _check_tp_bytes(layout, got):
+    """Rank 0's TP bytes of every step against the formula, op by op."""
+    t, sp, overlap = layout["tp"], layout.get("sp", False), layout.get("tp_overlap", False)
+    dp, m = layout.get("dp", 1), layout.get("microbatches", 1)
+    held = got["grads"]                       # rank 0's: which layers, first or last stage
+    shape = dict(layers=len({k.split(".")[1] for k in held if k.startswith("layers.")}),
+                 first="embed_tokens.weight" in held, last="lm_head.weight" in held,
+                 norm_shards=dp if layout.get("zero", 0) else 1)
     b = 8 // (dp * m)                         # TrainConfig: global batch 8, seq_len 32
-    want_bytes = tp_wire_bytes_per_step(TINY, b, 32, t, sp=sp, n_micro=m)
+    parts = tp_wire_bytes_breakdown(TINY, b, 32, t, sp=sp, n_micro=m, **shape)
     for rec in got["records"]:
         ops = rec["comm"]["tp"]
-        assert sum(op["wire_bytes"] for op in ops.values()) == want_bytes
-        if sp:   # the big tensors move as all-gather + reduce-scatter, half the bytes each
-            parts = tp_wire_bytes_breakdown(TINY, b, 32, t, sp=True, n_micro=m)
+        assert sum(op["wire_bytes"] for op in ops.values()) == sum(parts.values())
+        if overlap:      # the blocks' and the head's gathers and scatters go as ring steps
+            assert ops["send"]["wire_bytes"] == parts["layers"] + parts["head"]
+            assert ops.get("all_gather", {}).get("wire_bytes", 0) == parts["embedding"] // 2
+        elif sp:   # the big tensors move as all-gather + reduce-scatter, half the bytes each
             half = (parts["layers"] + parts["embedding"] + parts["head"]) // 2
             assert ops["all_gather"]["wire_bytes"] == ops["reduce_scatter"]["wire_bytes"] == half
-            assert ops["all_reduce"]["wire_bytes"] == parts["loss"] + parts["norms"]
         else:
             assert set(ops) == {"all_reduce"}
+        if sp:   # the norms' partial gradients: one all-reduce per step, not per micro-batch
+            assert ops["all_reduce"]["wire_bytes"] == parts["loss"] + parts["norms"]
+            assert ops["all_reduce"]["calls"] == (3 * m if shape["last"] else 0) + 1
 
 
 # ---------------------------------------------------------------- the command line
@@ -236,3 +301,11 @@ def test_cli_refuses_a_tp_that_does_not_divide_the_heads(repo_root):
 def test_sp_without_tp_is_refused():
     problems = ParallelConfig(sp=True).problems(TINY, seq_len=32, global_batch=8)
     assert any(line.startswith("--sp") for line in problems)
+
+
+def test_tp_overlap_without_sp_is_refused_before_any_rank_starts(capsys):
+    assert main(["--tp", "2", "--tp-overlap", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count("--tp-overlap needs --sp"), err
+    zb = ParallelConfig(tp=2, sp=True, tp_overlap=True, pp=2, schedule="zb", microbatches=2)
+    assert any("--schedule zb" in line for line in zb.problems(TINY, seq_len=32, global_batch=8))

@@ -8,15 +8,22 @@ the widgets and the CLI can ask thousands of what-ifs.
 
 The package, in reading order:
 
-    hardware   the cluster: peak, HBM, the network hierarchy; a group's ring bandwidth
-    constants  the three efficiencies (one set for every row of Table 4), the precisions
+    hardware   the cluster: peak, HBM, the network hierarchy; a collective's alpha-beta time
+    gpus       the GPU data sheets by name (--gpu h100), any field overridable
+    constants  the fitted efficiencies (data/constants.json), the precisions
     workload   the batch and micro-batches; every rule a layout must obey
     memory     what the most loaded GPU holds (parameters, gradients, optimizer, activations)
     wire       the bytes each GPU sends per step, by axis, as CommLog counts them
+    kernels    compute of a micro-batch: matmuls by a roofline, attention, memory-bound
+    exposure   what each axis's communication costs once overlap is counted
     time       the step time and MFU: `estimate`
     table4     Llama 3's Table 4 and our prediction of each row
+    calibration  the published runs (data/published_runs.csv) as the model's objects
+    fit        `python -m minipar.costmodel.fit`: the constants from those runs only
     search     every valid layout of N GPUs, ranked by MFU
-    cli        `python -m minipar.costmodel --help`
+    defaults   layout-dependent defaults, chosen for the layout given
+    planner    the pruned exhaustive search, limiting terms, the binding constraint
+    cli        `python -m minipar.costmodel --help`, `... plan --help`
 
 The formulas themselves (bytes of each collective and axis, the bubble, the stage split,
 the memory parts) are `minipar.formulas`', shared with the axis files and their tests, so
@@ -39,6 +46,10 @@ from .constants import (BF16_MIXED, CAUSAL_FRACTION, FP32, LLAMA3_EFFICIENCY, PR
 from .hardware import (LLAMA3_CLUSTER, Cluster, axis_group, axis_seconds, dp_group_span,
                        group_bandwidth_GBps)
 from .memory import memory_of_rank, memory_per_gpu, param_total_local
+from .calibration import PLAYBOOK_MODELS, PublishedRun, published_runs
+from .gpus import GPU_NAMES, GPU_SHEETS, gpu_cluster
+from .kernels import attention_efficiency, matmul_seconds
+from .planner import Plan, binding_constraint, limiting_term, plan
 from .search import best_configs
 from .table4 import TABLE4, Table4Row, table4, table4_fit_counts
 from .time import (Estimate, compute_seconds, dp_exposed_seconds, estimate, wire_seconds)
@@ -62,5 +73,9 @@ __all__ = [
     "Estimate", "estimate", "compute_seconds", "dp_exposed_seconds", "wire_seconds",
     # Table 4, the search, the CLI
     "Table4Row", "TABLE4", "table4", "table4_fit_counts", "best_configs",
+    # GPUs, kernels, the calibration runs, the planner
+    "GPU_NAMES", "GPU_SHEETS", "gpu_cluster", "matmul_seconds", "attention_efficiency",
+    "PLAYBOOK_MODELS", "PublishedRun", "published_runs", "Plan", "plan", "limiting_term",
+    "binding_constraint",
     "build_parser", "config_from_args", "human_bytes", "format_estimate", "main",
 ]

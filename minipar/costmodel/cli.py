@@ -12,9 +12,12 @@ import json
 import sys
 from dataclasses import replace
 
-from ..config import SCHEDULES, ConfigError, ModelConfig, ParallelConfig
-from .constants import LLAMA3_EFFICIENCY, PRECISIONS, RECOMPUTE, Efficiency
+from ..config import CP_IMPLS, SCHEDULES, ConfigError, ModelConfig, ParallelConfig
+from .constants import LLAMA3_EFFICIENCY, PRECISIONS, RECOMPUTE
+from .defaults import default_degrees, default_schedule
+from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
+from .planner import REMEDIES, binding_constraint, describe, limiting_term, plan
 from .time import Estimate, estimate
 from .workload import Workload, make_workload
 
@@ -30,19 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m minipar.costmodel",
                 description="Predict MFU, step time, memory and comm bytes of a 4D-parallel "
                             "training step. Defaults: Llama 3 405B, Table 4 row 1.")
-    g = p.add_argument_group("model (a preset, or any field of it overridden)")
-    g.add_argument("--preset", default="llama3-405b",
-                   help="a model preset (default llama3-405b); the hardware is the Llama 3 "
-                        "cluster unless overridden below")
-    for flag, dest in (("--layers", "n_layers"), ("--dim", "dim"), ("--ffn-dim", "ffn_dim"),
-                       ("--heads", "n_heads"), ("--kv-heads", "n_kv_heads"), ("--vocab", "vocab_size")):
-        g.add_argument(flag, dest=dest, type=int)
-    g = p.add_argument_group("hardware (defaults: the Llama 3 cluster)")
-    for flag, dest, typ in (("--peak-tflops", "peak_tflops", float), ("--hbm-gb", "hbm_gb", float),
-                            ("--gpus-per-node", "gpus_per_node", int),
-                            ("--intra-node-GBps", "intra_node_GBps", float),
-                            ("--inter-node-Gbps", "inter_node_Gbps", float)):
-        g.add_argument(flag, dest=dest, type=typ)
+    _add_model_and_hardware_flags(p)
     _add_layout_flags(p.add_argument_group("layout and batch"))
     g = p.add_argument_group("numerics and the model's constants")
     g.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16",
@@ -55,26 +46,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_model_and_hardware_flags(p) -> None:
+    g = p.add_argument_group("model (a preset, or any field of it overridden)")
+    g.add_argument("--preset", "--model", dest="preset", default="llama3-405b",
+                   help="a model preset (default llama3-405b); the hardware is the Llama 3 "
+                        "cluster unless --gpu or a field below says otherwise")
+    for flag, dest in (("--layers", "n_layers"), ("--dim", "dim"), ("--ffn-dim", "ffn_dim"),
+                       ("--heads", "n_heads"), ("--kv-heads", "n_kv_heads"), ("--vocab", "vocab_size")):
+        g.add_argument(flag, dest=dest, type=int)
+    g = p.add_argument_group("hardware (defaults: the Llama 3 cluster)")
+    g.add_argument("--gpu", choices=GPU_NAMES, help="a GPU's data sheet (gpus.py), wired like "
+                   "Llama 3's cluster; any field below overrides it")
+    for flag, dest, typ in (("--peak-tflops", "peak_tflops", float), ("--hbm-gb", "hbm_gb", float),
+                            ("--hbm-TBps", "hbm_TBps", float),
+                            ("--gpus-per-node", "gpus_per_node", int),
+                            ("--intra-node-GBps", "intra_node_GBps", float),
+                            ("--inter-node-Gbps", "inter_node_Gbps", float)):
+        g.add_argument(flag, dest=dest, type=typ)
+
+
 def _add_layout_flags(g) -> None:
+    """Every knob whose best value depends on the others defaults to None: resolved for the
+    layout given (`defaults`), so that only a flag the user passed can be refused."""
     g.add_argument("--gpus", type=int, help="total GPUs; must equal tp*cp*pp*dp (default: that product)")
-    g.add_argument("--tp", type=int, default=8)
-    g.add_argument("--cp", type=int, default=1)
-    g.add_argument("--pp", type=int, default=16)
+    g.add_argument("--tp", type=int, help="default: Table 4's 8 if it fits, else one server's worth")
+    g.add_argument("--cp", type=int, help="default 1")
+    g.add_argument("--pp", type=int, help="default: Table 4's 16 if it fits --gpus, else 1")
     g.add_argument("--dp", type=int, help="default: --gpus / (tp*cp*pp), or 64 without --gpus")
-    g.add_argument("--seq-len", type=int, default=8192)
+    g.add_argument("--seq-len", type=int, help="tokens per sequence (default 8192)")
     b = g.add_mutually_exclusive_group()
-    b.add_argument("--global-batch-tokens", type=int, help="tokens per step (default 16M = 2048 x 8192)")
+    b.add_argument("--global-batch-tokens", type=_tokens,
+                   help="tokens per step, e.g. 16M or 16777216 (default 16M = 2048 x 8192)")
     b.add_argument("--global-batch", type=int, help="sequences per step")
     g.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch")
-    g.add_argument("--schedule", choices=SCHEDULES, default="interleaved")
+    g.add_argument("--schedule", choices=SCHEDULES,
+                   help="default: interleaved with a pipeline whose micro-batches are a "
+                        "multiple of pp, else 1f1b")
     g.add_argument("--virtual-stages", type=int, default=None,
                    help="chunks per pipeline rank (default with --schedule interleaved: 8, or "
                         "the most, a power of two, that pp x v <= layers + 2 allows; else 1)")
     g.add_argument("--zero", type=int, default=1)
     g.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    g.add_argument("--cp-impl", choices=("ring", "allgather"), default="allgather")
+    g.add_argument("--cp-impl", choices=CP_IMPLS, default="allgather")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")
+    g.add_argument("--tp-overlap", action="store_true",
+                   help="collective matmul: SP's all-gathers and reduce-scatters in tp-1 ring "
+                        "steps, each hidden behind 1/tp of its matmul (needs SP)")
     g.add_argument("--bucket-mb", type=float, default=25.0)
 
 
@@ -87,47 +105,50 @@ def _model_and_cluster(args) -> tuple[ModelConfig, Cluster]:
                                                "n_kv_heads", "vocab_size") if getattr(args, k) is not None}
     if overrides:
         model = replace(model, name="custom", **overrides)
-    cluster = LLAMA3_CLUSTER
-    hw = {k: getattr(args, k) for k in ("peak_tflops", "hbm_gb", "gpus_per_node",
+    hw = {k: getattr(args, k) for k in ("peak_tflops", "hbm_gb", "hbm_TBps", "gpus_per_node",
                                         "intra_node_GBps", "inter_node_Gbps") if getattr(args, k) is not None}
+    cluster = gpu_cluster(args.gpu) if args.gpu else LLAMA3_CLUSTER
     if hw:
-        cluster = replace(cluster, name="custom", **hw)
+        cluster = replace(cluster, name=f"{cluster.name} (modified)", **hw)
     return model, cluster
 
 
-def _dp_of(args) -> int:
-    """--dp, or what --gpus leaves of tp*cp*pp; checked against --gpus."""
-    dp = args.dp
-    inner = args.tp * args.cp * args.pp
-    if dp is None:
-        if args.gpus is None:
-            dp = 64
-        elif inner > 0 and args.gpus % inner == 0:
-            dp = args.gpus // inner
-        else:
-            raise ConfigError(f"--gpus {args.gpus} is not divisible by tp*cp*pp = "
-                              f"{args.tp}*{args.cp}*{args.pp} = {inner}")
-    if args.gpus is not None and args.gpus != inner * dp:
-        raise ConfigError(f"--gpus {args.gpus} must equal tp*cp*pp*dp = "
-                          f"{args.tp}*{args.cp}*{args.pp}*{dp} = {inner * dp}")
-    return dp
+def _layout(args, model: ModelConfig, cluster: Cluster) -> tuple[dict, list[str]]:
+    """tp, cp, pp, dp from the flags given, the rest chosen (`defaults.default_degrees`);
+    --gpus checked against the product, naming each degree as given or chosen."""
+    given = {k: getattr(args, k) for k in ("tp", "cp", "pp", "dp")}
+    degrees, notes = default_degrees(given, args.gpus, model, cluster.gpus_per_node)
+    product = degrees["tp"] * degrees["cp"] * degrees["pp"] * degrees["dp"]
+    if args.gpus is not None and args.gpus != product:
+        names = "*".join(f"{degrees[k]}" + ("" if given[k] is not None else f" ({k}, default)")
+                         for k in ("tp", "cp", "pp", "dp"))
+        raise ConfigError(f"--gpus {args.gpus} must equal tp*cp*pp*dp = {names} = {product}")
+    return degrees, notes
 
 
 def config_from_args(args) -> tuple[ModelConfig, Cluster, ParallelConfig, Workload]:
-    """Turn parsed flags into the four objects; ConfigError names the flag and the rule."""
+    """Turn parsed flags into the four objects; ConfigError names the flag and the rule.
+    The choices made for flags not given are in `args.notes` (a list of lines)."""
     model, cluster = _model_and_cluster(args)
-    dp = _dp_of(args)
-    v = args.virtual_stages
-    if v is None:                 # Llama 3's 8 chunks per rank, or as many as the layers allow
-        v = 1
-        while args.schedule == "interleaved" and v < 8 and args.pp * v * 2 <= model.n_layers + 2:
-            v *= 2
-    sp = args.sp if args.sp is not None else args.tp > 1
-    parallel = ParallelConfig(tp=args.tp, cp=args.cp, pp=args.pp, dp=dp, zero=args.zero,
-                              bucket_mb=args.bucket_mb, sp=sp, schedule=args.schedule,
-                              virtual_stages=v, cp_impl=args.cp_impl)
-    work = make_workload(args.seq_len, args.global_batch_tokens, args.global_batch,
+    if model.problems():                       # before any default is derived from the model
+        raise ConfigError("; ".join(model.problems()))
+    d, notes = _layout(args, model, cluster)
+    work = make_workload(8192 if args.seq_len is None else args.seq_len, args.global_batch_tokens, args.global_batch,
                          args.microbatch_size, args.recompute)
+    if args.dp is None and d["dp"] > 0 and work.global_batch > 0 and work.global_batch % d["dp"]:
+        raise ConfigError(f"the global batch of {work.global_batch} sequences (--global-batch / "
+                          f"--global-batch-tokens) cannot be split over dp = {d['dp']}, chosen as "
+                          f"--gpus / (tp*cp*pp); pass --dp or another batch")
+    m = work.global_batch // (d["dp"] * work.microbatch_size) if d["dp"] > 0 and work.microbatch_size > 0 else 1
+    schedule, v, more = default_schedule(d["pp"], m, model.n_layers, args.schedule, args.virtual_stages)
+    sp = args.sp if args.sp is not None else d["tp"] > 1
+    if args.tp_overlap and not sp:
+        raise ConfigError("--tp-overlap needs sequence parallelism: " + (
+            "drop --no-sp" if args.sp is False else f"it is off because --tp {d['tp']} is 1"))
+    parallel = ParallelConfig(tp=d["tp"], cp=d["cp"], pp=d["pp"], dp=d["dp"], zero=args.zero,
+                              bucket_mb=args.bucket_mb, sp=sp, tp_overlap=args.tp_overlap,
+                              schedule=schedule, virtual_stages=v, cp_impl=args.cp_impl)
+    args.notes = notes + more
     return model, cluster, parallel, work
 
 
@@ -148,7 +169,8 @@ def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
         f"{cluster.gpus_per_node}/node, NVLink {cluster.intra_node_GBps:g} GB/s, NIC {cluster.inter_node_Gbps:g} Gb/s",
         f"layout   {pc.world_size} GPUs = TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp}, {pc.schedule}"
         + (f" v={pc.virtual_stages}" if pc.virtual_stages > 1 else "")
-        + f", ZeRO-{pc.zero}, SP {'on' if pc.sp else 'off'}, CP {pc.cp_impl}, recompute {w.recompute}",
+        + f", ZeRO-{pc.zero}, SP {'on' if pc.sp else 'off'}" + (" + TP overlap" if pc.tp_overlap else "")
+        + f", CP {pc.cp_impl}, recompute {w.recompute}",
         f"batch    {w.global_batch} x {w.seq_len} tokens = {w.tokens:,}; micro-batch {w.microbatch_size}, "
         f"{e.microbatches} per DP rank",
         "",
@@ -167,12 +189,80 @@ def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
+def build_plan_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m minipar.costmodel plan",
+                description="Every layout of a model on N GPUs that fits in memory, ranked by "
+                            "predicted MFU, with what limits the best ones.")
+    _add_model_and_hardware_flags(p)
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to use")
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--global-batch-tokens", type=_tokens, default=4 * 2**20,
+                   help="tokens per step, e.g. 4M or 4194304 (default 4M)")
+    p.add_argument("--tp-overlap", action="store_true", help="let TP use collective matmul")
+    p.add_argument("--top", type=int, default=5)
+    return p
+
+
+def _tokens(text: str) -> int:
+    """'4M' -> 4 * 2**20, '512K' -> 512 * 2**10, '4194304' -> 4194304."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    try:
+        return int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token count like 4M") from None
+
+
+def format_plan(p, cluster: Cluster) -> str:
+    """The ranked layouts, each with its limiting term and the MFU without it."""
+    if not p.ranked:
+        return f"nothing fits ({p.tried} layouts tried): {binding_constraint(p, cluster)}"
+    lines = [f"{p.tried} layouts tried, {sum(p.rejected.values())} ruled out "
+             f"({', '.join(f'{k} {v}' for k, v in p.rejected.items()) or 'none'}); best first:"]
+    best = p.ranked[0].mfu
+    for i, e in enumerate(p.ranked, 1):
+        first, share, term, part, without = limiting_term(e)
+        lines.append(f"{i}. {describe(e)}: MFU {100 * e.mfu:.1f}%, {e.memory_gb_per_gpu:.0f} GB")
+        why = ("it needs ZeRO-3 or full recomputation to fit" if first == "memory"
+               else f"{100 * share:.0f}% of the step")
+        lines.append(f"   limited by {first} ({why}), then {term} "
+                     f"({100 * part:.0f}%): without {term} {100 * without:.1f}%"
+                     + (" (would rank first)" if i > 1 and without > best else ""))
+        lines.append(f"   to shrink {term}: {REMEDIES[term]}")
+    return "\n".join(lines)
+
+
+def plan_main(argv) -> int:
+    args = build_plan_parser().parse_args(argv)
+    try:
+        model, cluster = _model_and_cluster(args)
+        bad = model.problems() + cluster.problems()
+        if args.gpus < 1:
+            bad.append(f"--gpus {args.gpus} must be a positive integer")
+        if bad:
+            raise ConfigError("; ".join(bad))
+        p = plan(model, cluster, args.gpus, args.seq_len, args.global_batch_tokens,
+                 top=args.top, tp_overlap=args.tp_overlap)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{model.name} on {args.gpus} x {cluster.name}, sequences of {args.seq_len}, "
+          f"{args.global_batch_tokens:,} tokens per step")
+    print(format_plan(p, cluster))
+    return 0
+
+
 def main(argv=None) -> int:
+    """`python -m minipar.costmodel [flags]` predicts one step; `... plan [flags]` ranks
+    layouts (`planner.main`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:
+        return plan_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         model, cluster, parallel, work = config_from_args(args)
-        eff = Efficiency(args.dense_efficiency, args.attention_efficiency, args.network_efficiency)
+        eff = replace(LLAMA3_EFFICIENCY, dense=args.dense_efficiency,
+                      attention=args.attention_efficiency, network=args.network_efficiency)
         for flag, value in (("--dense-efficiency", eff.dense), ("--attention-efficiency", eff.attention),
                             ("--network-efficiency", eff.network)):
             if not 0 < value <= 1:
@@ -184,7 +274,9 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(e.as_dict()))
+        print(json.dumps({**e.as_dict(), "defaults_chosen": args.notes}))
     else:
         print(format_estimate(e, model, cluster))
+        for note in args.notes:
+            print(f"default  {note}")
     return 0

@@ -1,47 +1,68 @@
 """The numbers the cost model does not derive: efficiencies, precisions, Llama 3's batch.
 
-Chapter "MFU and communication volume". Everything else is counted from the model and the
-layout; these are the few constants measured elsewhere (one set for every row of Llama 3's
-Table 4, justified in the chapter) and the bytes per element of each kind of tensor.
+Chapter "MFU and communication volume". Everything else is counted from the model, the
+layout and the GPU's data sheet; these are the few constants fitted on published runs (one
+set for every run, `fit.py`), the two measured elsewhere, and the bytes per element of
+each kind of tensor.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..flops import RECOMPUTE
 
 __all__ = ["RECOMPUTE", "TABLE4_BATCH_TOKENS", "Efficiency", "LLAMA3_EFFICIENCY",
-           "CAUSAL_FRACTION", "Precision", "BF16_MIXED", "FP32", "PRECISIONS"]
+           "FITTED", "CONSTANTS_FILE", "load_efficiency", "MEMORY_BOUND_EFFICIENCY",
+           "ATTENTION_HALF_SEQ", "CAUSAL_FRACTION", "Precision", "BF16_MIXED", "FP32", "PRECISIONS"]
 
 TABLE4_BATCH_TOKENS = 2048 * 8192          # "16M tokens per batch": 2048 sequences of 8K
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The only three numbers the model does not derive. One set for every configuration.
+    """The numbers the model does not derive: fitted by `python -m minipar.costmodel.fit` on
+    the published runs of `data/published_runs.csv` alone, and loaded from
+    `data/constants.json` (the defaults below are that file's values when it is missing).
 
-    dense:     fraction of peak reached by a layer's weight matmuls *together with* the
-               memory-bound kernels between them (norms, SwiGLU, RoPE, residual adds, casts)
-               and everything else this model ignores (launch gaps, stragglers, the
-               optimizer step). A large bf16 GEMM on a 700 W H100 sustains ~65-75% of the
-               989 TFLOP/s data-sheet number; the rest of a layer costs a quarter of that.
-    attention: fraction of peak reached by the fused (flash) attention kernels, forward and
-               backward, on the FLOPs they really do: half the s x s square under a causal
-               mask. FlashAttention-2 reports up to 335 TFLOP/s on H100 (no Hopper-specific
-               instructions), counting its backward as 2.5 forwards: ~0.29 of peak in our
-               1 + 2 counting, before document masks and the power cap.
+    dense:     fraction of the peak a large bf16 GEMM sustains in a training step (the
+               roofline's flat part; a thin GEMM gets less, `kernels.matmul_seconds`). A
+               700 W H100 sustains ~65-75% of its 989 TFLOP/s data-sheet number.
+    attention: fraction of the peak flash attention approaches on long blocks, forward and
+               backward, on the FLOPs it really does (half the causal square).
     network:   fraction of a link's bandwidth a collective achieves (nccl-tests' "bus
-               bandwidth" over the link rate: ~360 of 450 GB/s on NVLink, ~40 of 50 GB/s on
-               400G RoCE).
+               bandwidth" over the link rate).
+    overhead:  fraction of each micro-batch's compute lost to what this model does not
+               count (launch gaps, synchronisation, stragglers, Python).
     """
 
-    dense: float = 0.52
-    attention: float = 0.22
+    dense: float = 0.7
+    attention: float = 0.4
     network: float = 0.8
+    overhead: float = 0.1
 
 
-LLAMA3_EFFICIENCY = Efficiency()
+FITTED = ("dense", "attention", "network", "overhead")
+CONSTANTS_FILE = Path(__file__).parent / "data" / "constants.json"
+
+
+def load_efficiency(path: Path = CONSTANTS_FILE) -> Efficiency:
+    """The fitted constants from `path` (`fit.py` writes it), or the defaults."""
+    try:
+        fitted = json.loads(path.read_text())["constants"]
+    except FileNotFoundError:
+        return Efficiency()
+    return Efficiency(**{k: float(fitted[k]) for k in FITTED if k in fitted})
+
+
+LLAMA3_EFFICIENCY = load_efficiency()     # one set of constants for every run
 CAUSAL_FRACTION = 0.5       # a causal kernel computes half of the s x s square
+# Not fitted, measured elsewhere: streaming kernels (norms, adds) reach ~80% of HBM's data
+# sheet bandwidth; FlashAttention-2's throughput halves at ~512-token blocks (its paper's
+# sequence-length sweeps).
+MEMORY_BOUND_EFFICIENCY = 0.8
+ATTENTION_HALF_SEQ = 512
 
 
 @dataclass(frozen=True)

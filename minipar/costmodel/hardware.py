@@ -7,6 +7,7 @@ where its members sit in the [TP, CP, PP, DP] numbering (`axis_group`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..config import ParallelConfig
@@ -25,7 +26,8 @@ class Cluster:
 
     name: str = "custom"
     peak_tflops: float = 989.0          # dense bf16 per GPU
-    hbm_gb: float = 80.0
+    hbm_gb: float = 85.9                # GB (1e9 bytes): an "80 GB" H100 holds 80 GiB
+    hbm_TBps: float = 3.35              # HBM bandwidth: what memory-bound kernels run at
     gpus_per_node: int = 8
     intra_node_GBps: float = 450.0      # NVLink, per GPU per direction
     inter_node_Gbps: float = 400.0      # RoCE / InfiniBand NIC, per GPU
@@ -33,6 +35,8 @@ class Cluster:
     pod_size: int = 3072
     pod_oversubscription: float = 7.0
     n_gpus: int = 24576
+    nvlink_latency_us: float = 2.0      # one ring step of a collective inside a server
+    nic_latency_us: float = 8.0         # one ring step across servers (NIC + switch hops)
 
     @property
     def peak_flops(self) -> float:
@@ -42,9 +46,14 @@ class Cluster:
     def inter_node_GBps(self) -> float:
         return self.inter_node_Gbps / 8
 
+    @property
+    def hbm_Bps(self) -> float:
+        return self.hbm_TBps * 1e12
+
     def problems(self) -> list[str]:
         out = []
         for flag, value in (("--peak-tflops", self.peak_tflops), ("--hbm-gb", self.hbm_gb),
+                            ("--hbm-TBps", self.hbm_TBps),
                             ("--gpus-per-node", self.gpus_per_node),
                             ("--intra-node-GBps", self.intra_node_GBps),
                             ("--inter-node-Gbps", self.inter_node_Gbps)):
@@ -56,7 +65,8 @@ class Cluster:
 # Llama 3 (Dubey et al. 2024, section 3.3.1): H100 SXM at 700 W with 80 GB HBM3, 8 per
 # server on NVLink, one 400 Gb/s RoCE NIC per GPU, racks of 16 GPUs (two servers), pods of
 # 3,072 GPUs with full bisection bandwidth, 1:7 oversubscription between the 8 pods.
-LLAMA3_CLUSTER = Cluster(name="llama3 (H100 SXM, 24K)", peak_tflops=989.0, hbm_gb=80.0,
+# "80 GB" of HBM3 is 80 GiB = 85.9e9 bytes (nvidia-smi: 81,559 MiB); memory is counted in 1e9.
+LLAMA3_CLUSTER = Cluster(name="llama3 (H100 SXM, 24K)", peak_tflops=989.0, hbm_gb=85.9,
                          gpus_per_node=8, intra_node_GBps=450.0, inter_node_Gbps=400.0,
                          gpus_per_rack=16, pod_size=3072, pod_oversubscription=7.0,
                          n_gpus=24576)
@@ -100,11 +110,35 @@ def axis_group(pc: ParallelConfig, axis: str) -> tuple[int, int, int | None]:
     return stride, size, None
 
 
+def collective_steps(op: str, n: int, inter_node: bool) -> float:
+    """Latency-bound steps of one collective over n ranks, by each level's algorithm.
+
+    Inside a server NCCL runs rings: an all-reduce is 2(n-1) steps, an all-gather or
+    reduce-scatter (or all-to-all) n-1. Across servers a ring's n-1 steps would each pay a
+    network round trip, so NCCL switches to trees for large n: log2 n steps up and down
+    (the bandwidth term stays the ring's: double binary trees reach the same bytes/s).
+    A send is one step.
+    """
+    if n <= 1:
+        return 0.0
+    if op == "send":
+        return 1.0
+    per_pass = min(n - 1, math.ceil(math.log2(n))) if inter_node else n - 1
+    return 2.0 * per_pass if op == "all_reduce" else float(per_pass)
+
+
 def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
-                 network: float) -> float:
-    """Seconds `nbytes` take through one ring of `axis`, at `network` x its bandwidth."""
+                 network: float, op: str | None = None, calls: float = 0) -> float:
+    """Seconds `nbytes` (wire bytes, all `calls` together) take through one group of `axis`:
+    the alpha-beta model, bytes / (`network` x the group's bandwidth) plus `calls`
+    collectives `op` of `collective_steps` each, every step paying its level's latency
+    (NVLink inside a server, the NIC's across servers)."""
     stride, size, span = axis_group(pc, axis)
     if size <= 1 or nbytes == 0:
         return 0.0
     bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * network
-    return nbytes / (bw * 1e9)
+    span = stride * size if span is None else span
+    inter = span > cluster.gpus_per_node
+    alpha = (cluster.nic_latency_us if inter else cluster.nvlink_latency_us) * 1e-6
+    steps = calls * collective_steps(op, size, inter) if op else 0.0
+    return nbytes / (bw * 1e9) + steps * alpha

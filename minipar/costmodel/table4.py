@@ -6,7 +6,7 @@ many rows each alternative pair of constants would get right.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import ModelConfig, ParallelConfig
 from .constants import LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency
@@ -57,7 +57,7 @@ def table4_fit_counts(dense, attention, tolerance: float = 0.03,
     for a in attention:
         eff_row = []
         for d in dense:
-            eff = Efficiency(dense=float(d), attention=float(a), network=network)
+            eff = replace(LLAMA3_EFFICIENCY, dense=float(d), attention=float(a), network=network)
             eff_row.append(sum(abs(e.mfu - row.mfu) <= tolerance for row, e in table4(eff)))
         out.append(eff_row)
     return out

@@ -1,18 +1,19 @@
 """How long one training step takes, and the MFU that follows: `estimate`.
 
-Chapter "MFU and communication volume". The step time of one GPU is built up as
+Chapter "MFU and communication volume" (and "Four dimensions at once"). The step time of
+one GPU is built up as
 
-    t_mb     = compute of one micro-batch through the rank's layers
-               + its tensor-parallel all-reduces (exposed: nothing overlaps them)
-               + its context-parallel K/V traffic (all-gather: exposed; ring: hidden behind
-                 the attention blocks unless it is slower than them)
+    t_mb     = compute of one micro-batch through the rank's layers (`kernels`: matmuls by
+               a roofline, attention by its curve, the rest by bytes)
+               + its exposed TP traffic (all of it, or with --tp-overlap what the ring
+                 steps cannot hide behind the matmuls)
+               + its exposed CP traffic (ring: hidden behind attention if it can be)
     pipeline = m * t_mb / (1 - bubble)          (bubble: closed form of the schedule)
-    step     = pipeline + exposed p2p (the fill and drain) + exposed DP traffic
+    step     = pipeline + exposed p2p + exposed DP + SP's norm all-reduce + the optimizer
 
-DP traffic overlaps with compute only where its data exists: the gradients are final during
-the last micro-batch's backward, and the updated parameters are needed by the first forward.
-Bytes and bubbles are `minipar.formulas`'; seconds per byte are the cluster's
-(`hardware.axis_seconds`); seconds per FLOP the two compute efficiencies (`Efficiency`).
+What overlaps with what is `exposure`'s; bytes and bubbles are `minipar.formulas`'; seconds
+per byte the cluster's (`hardware.axis_seconds`, latency + bytes / bandwidth per link
+level); the few efficiencies are fitted (`fit`, `Efficiency`).
 """
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from dataclasses import asdict, dataclass, field
 
 from .. import flops
 from ..config import ConfigError, ModelConfig, ParallelConfig
-from ..formulas import (bubble_fraction, cp_layer_bytes, cp_kv_bytes, tp_cross_entropy_bytes,
-                        tp_embedding_bytes, tp_head_bytes, tp_layer_bytes, tp_norm_bytes,
-                        wire_bytes)
-from .constants import (BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY, Efficiency,
-                        Precision)
+from ..formulas import (bubble_fraction, tp_cross_entropy_bytes, tp_embedding_bytes,
+                        tp_head_bytes, tp_norm_bytes)
+from . import kernels
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
+from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds,
+                       p2p_exposed_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
 from .memory import memory_per_gpu, param_total_local
 from .wire import comm_bytes_per_gpu
@@ -78,103 +80,76 @@ def estimate(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
     return _estimate(model, parallel, cluster, work, precision, efficiency)
 
 
-def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, peak: float,
-                    eff: Efficiency) -> tuple[float, float]:
-    """(all compute, of which attention) of one micro-batch on one GPU, in seconds."""
+def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, cluster: Cluster,
+                    eff: Efficiency) -> dict[str, float]:
+    """Compute of one micro-batch on one GPU of a balanced pipeline, by kernel kind:
+    {"matmul", "attention", "elementwise", "overhead"} seconds, and the per-linear times
+    ("linears": {name: (forward, backward)} of one block) that TP overlap hides behind."""
     tokens = work.tokens_per_microbatch(pc)
-    share = tokens / (pc.tp * pc.pp)                 # a balanced pipeline, as Llama 3's
-    dense = flops.dense_flops_per_token(model) * share
-    attention = CAUSAL_FRACTION * flops.attention_flops_per_token(model, work.seq_len) * share
-    again = 4 / 3                                    # a forward again is 1/3 of fwd + bwd
-    if work.recompute == "full":
-        dense *= again
+    layers = model.n_layers / pc.pp                  # a balanced pipeline, as Llama 3's
+    linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster, eff.dense)
+    head = sum(kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster, eff.dense))
+    matmul = layers * sum(f + b for f, b in linears.values()) + head / pc.pp
+    attention = layers * kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp,
+                                                   cluster, eff.attention)
+    elementwise = layers * kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster)
+    if work.recompute == "full":                     # the forward again: a third of the work
+        matmul += layers * sum(f for f, _ in linears.values())
+        elementwise *= 4 / 3
     if work.recompute in ("selective", "full"):
-        attention *= again
-    t_attention = attention / (eff.attention * peak)
-    return dense / (eff.dense * peak) + t_attention, t_attention
+        attention *= 4 / 3
+    out = {"matmul": matmul, "attention": attention, "elementwise": elementwise}
+    out["overhead"] = eff.overhead * sum(out.values())
+    return {**out, "linears": linears}
 
 
 def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
-                       precision: Precision, eff: Efficiency) -> tuple[float, float, float]:
-    """(compute, TP, CP) seconds of one micro-batch on one GPU of a balanced pipeline: the
-    TP and CP traffic on its critical path, with the first and last stage's extras (the
-    embedding, head and loss) spread over the pp ranks."""
+                       precision: Precision, eff: Efficiency) -> dict[str, float]:
+    """{"compute", "attention", "tp", "cp"} seconds of one micro-batch on one GPU of a
+    balanced pipeline: its compute, and the exposed TP and CP traffic on its critical path
+    (the first and last stage's extras, embedding, head and loss, spread over the pp ranks)."""
     h, act = model.dim, precision.act_bytes
-    tokens = work.tokens_per_microbatch(pc)          # per GPU per micro-batch
-    layers = model.n_layers / pc.pp                  # per GPU, balanced
-    t_compute, t_attention = compute_seconds(model, pc, work, cluster.peak_flops, eff)
-    tp_bytes = layers * tp_layer_bytes(tokens, h, pc.tp, act, work.recompute) + (
-        tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
-        + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
-    if pc.sp:
-        tp_bytes += tp_norm_bytes(round(layers), False, h, pc.tp, precision.grad_bytes)
-    t_tp = axis_seconds(tp_bytes, "tp", pc, cluster, eff.network)
-    kv = cp_kv_bytes(tokens, model.n_kv_heads // pc.tp, model.head_dim, act)
-    cp_bytes = layers * cp_layer_bytes(kv, pc.cp, pc.cp_impl, work.recompute)
-    t_cp = axis_seconds(cp_bytes, "cp", pc, cluster, eff.network)
-    if pc.cp_impl == "ring":                         # K,V of the next block travel while this
-        t_cp = max(0.0, t_cp - t_attention)          # block's attention is computed
-    return t_compute, t_tp, t_cp
+    tokens = work.tokens_per_microbatch(pc)
+    layers = model.n_layers / pc.pp
+    parts = compute_seconds(model, pc, work, cluster, eff)
+    linears = parts.pop("linears")
+    t_tp = layers * tp_exposed_seconds(model, pc, cluster, work, precision, eff, linears)
+    ends = (tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
+            + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
+    t_tp += axis_seconds(ends, "tp", pc, cluster, eff.network, "all_reduce", 5 / pc.pp)
+    t_att = parts["attention"] / layers
+    t_cp = layers * cp_seconds(model, pc, cluster, work, precision, eff, t_att)
+    return {"compute": sum(parts.values()), "attention": parts["attention"], "tp": t_tp, "cp": t_cp}
 
 
-def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
-                        work: Workload, precision: Precision, eff: Efficiency,
-                        t_mb: float) -> float:
-    """Pipeline transfers that stick out: p-1 each way while the pipeline fills and drains;
-    in between, a send hides behind the next chunk's compute unless it is slower."""
-    if pc.pp == 1:
-        return 0.0
-    size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
-    t_p2p = axis_seconds(size, "pp", pc, cluster, eff.network)
-    chunk = t_mb / pc.virtual_stages
-    m = work.microbatches(pc)
-    return 2 * (pc.pp - 1) * t_p2p + 2 * m * pc.virtual_stages * max(0.0, t_p2p - chunk)
-
-
-def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,
-                       t_mb: float) -> float:
-    """DP time that sticks out of the step. Gradients are final only during the last
-    micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind;
-    the updated weights can be prefetched during the first forward (1/3). ZeRO-2 reduces
-    every micro-batch behind its own backward, ZeRO-3 also gathers the weights every time.
-    Naive DP (no buckets) overlaps nothing."""
-    backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb, 1 / 3 * t_mb)
-
-    def exposed(t, window):
-        return max(0.0, t - window)
-    m = microbatches
-    if zero == 0:
-        return exposed(2 * t_rs, backward)           # an all-reduce: reduce-scatter + all-gather
-    if zero == 1:
-        return exposed(t_rs, backward) + exposed(t_ag, forward)
-    if zero == 2:
-        return m * exposed(t_rs, backward) + exposed(t_ag, forward)
-    return m * (exposed(t_ag, forward) + exposed(t_ag + t_rs, backward))
-
-
-def dp_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
-               precision: Precision, eff: Efficiency, t_mb: float) -> float:
-    """Exposed data-parallel seconds over the dp x cp group, for a balanced stage's share of
-    the parameters."""
-    n = pc.dp * pc.cp
+def step_extras(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
+                precision: Precision, eff: Efficiency, t_mb: float) -> dict[str, float]:
+    """Seconds paid once per step: the exposed DP traffic, SP's norm-gradient all-reduce
+    (once per step, after the micro-batches) and the optimizer's update of the rank's share
+    (ZeRO shards it over the dp x cp group)."""
     params = param_total_local(model, pc.tp) / pc.pp
-    rs = wire_bytes("reduce_scatter", n, int(params * precision.grad_bytes))
-    ag = wire_bytes("all_gather", n, int(params * precision.param_bytes))
-    t_rs = axis_seconds(rs, "dp", pc, cluster, eff.network)
-    t_ag = axis_seconds(ag, "dp", pc, cluster, eff.network)
+    t_rs, t_ag = dp_collective_seconds(params, pc, cluster, precision, eff)
     naive = pc.bucket_mb == 0 and pc.zero < 3
-    return dp_exposed_seconds(pc.zero, naive, work.microbatches(pc), t_rs, t_ag, t_mb)
+    t_dp = dp_exposed_seconds(pc.zero, naive, work.microbatches(pc), t_rs, t_ag, t_mb)
+    norms = 0.0
+    if pc.sp:
+        nbytes = tp_norm_bytes(round(model.n_layers / pc.pp), False, model.dim, pc.tp,
+                               precision.grad_bytes)
+        norms = axis_seconds(nbytes, "tp", pc, cluster, eff.network, "all_reduce", 1)
+    shards = pc.dp * pc.cp if pc.zero >= 1 else 1
+    return {"dp": t_dp, "tp_norms": norms,
+            "optimizer": kernels.optimizer_seconds(params / shards, cluster)}
 
 
 def _estimate(model, pc: ParallelConfig, cluster, work: Workload, precision, eff) -> Estimate:
     gpus, peak, m = pc.world_size, cluster.peak_flops, work.microbatches(pc)
-    t_compute, t_tp, t_cp = microbatch_seconds(model, pc, cluster, work, precision, eff)
-    t_mb = t_compute + t_tp + t_cp
+    mb = microbatch_seconds(model, pc, cluster, work, precision, eff)
+    t_mb = mb["compute"] + mb["tp"] + mb["cp"]
     bubble = bubble_fraction(pc.schedule, pc.pp, m, pc.virtual_stages)
     t_pipeline = m * t_mb / (1 - bubble)             # the bubble stretches the step
     t_pp = p2p_exposed_seconds(model, pc, cluster, work, precision, eff, t_mb)
-    t_dp = dp_seconds(model, pc, cluster, work, precision, eff, t_mb)
-    step = t_pipeline + t_pp + t_dp
+    extra = step_extras(model, pc, cluster, work, precision, eff, t_mb)
+    step = t_pipeline + t_pp + sum(extra.values())
     model_flops = work.tokens * flops.flops_per_token(model, work.seq_len)
     hw_flops = work.tokens * flops.hardware_flops_per_token(model, work.seq_len, work.recompute)
     mfu = model_flops / (step * gpus * peak)
@@ -184,8 +159,9 @@ def _estimate(model, pc: ParallelConfig, cluster, work: Workload, precision, eff
         step_time_s=step, memory_gb_per_gpu=gb["total"],
         comm_bytes_per_gpu=comm_bytes_per_gpu(model, pc, work, precision),
         bubble_fraction=bubble,
-        time_breakdown_s={"compute": m * t_compute, "tp": m * t_tp, "cp": m * t_cp,
-                          "bubble": t_pipeline - m * t_mb, "pp": t_pp, "dp": t_dp},
+        time_breakdown_s={"compute": m * mb["compute"], "tp": m * mb["tp"] + extra["tp_norms"],
+                          "cp": m * mb["cp"], "bubble": t_pipeline - m * t_mb, "pp": t_pp,
+                          "dp": extra["dp"], "optimizer": extra["optimizer"]},
         memory_breakdown_gb={k: gb[k] for k in ("params", "grads", "optimizer", "activations")},
         fits_memory=gb["total"] <= cluster.hbm_gb, microbatches=m,
         tokens_per_s=work.tokens / step, parallel=pc, workload=work)

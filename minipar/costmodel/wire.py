@@ -25,7 +25,8 @@ def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workl
     first, last = stage == 0, stage == pc.pp - 1
     tp = tp_wire_bytes_per_step(model, b, s // pc.cp, pc.tp, pc.sp, m, layers=layers,
                                 first=first, last=last, act_bytes=act,
-                                param_bytes=precision.grad_bytes, recompute=work.recompute)
+                                param_bytes=precision.grad_bytes, recompute=work.recompute,
+                                norm_shards=pc.dp * pc.cp if pc.zero >= 1 else 1)
     cp = cp_wire_bytes_per_step(model, b, s, pc.cp, pc.cp_impl, m, tp=pc.tp, n_layers=layers,
                                 dtype_bytes=act, recompute=work.recompute)
     pp = pp_bytes(work.tokens_per_microbatch(pc), model.dim, pc.pp, m, act, stage,

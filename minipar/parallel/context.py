@@ -4,20 +4,24 @@ Chapter "Context parallelism".
 
 Everything in a Transformer layer but attention works token by token, so cutting the
 sequence into pieces costs nothing there: each rank keeps 1/cp of the tokens and 1/cp of
-their activations. Attention alone needs every earlier token. Two ways to give it them:
+their activations. Attention alone needs every earlier token. Three ways to give it them:
 
   ring       (Liu et al. 2023) K/V blocks travel round the CP group by point-to-point
              sends; each rank folds them into its result one at a time with the
              log-sum-exp trick (online softmax), and no rank ever holds the whole K/V.
   allgather  (Llama 3) all-gather K and V once, then attend with the local queries.
              Under grouped-query attention K and V are small, and any mask is easy.
+  ulysses    (DeepSpeed-Ulysses, Jacobs et al. 2023) an all-to-all trades the sequence
+             shards of q, k, v for head shards: each rank then holds the whole sequence
+             for 1/cp of the heads, attends as on one device, and a second all-to-all
+             trades back. Needs heads divisible by cp.
 
 The causal mask makes a naive split unfair: the rank holding the end of the sequence
 attends to everything, the one holding the start to almost nothing. The load-balanced
 ("zigzag") layout cuts the sequence into 2*cp chunks and gives rank i the chunks i and
 2*cp-1-i, one early and one late, so every rank does the same work.
 
-`apply_context_parallel` swaps each layer's `self_attn.core` for one of the two functions;
+`apply_context_parallel` swaps each layer's `self_attn.core` for one of these functions;
 `shard_for_context_parallel` gives a rank its tokens and their positions (RoPE uses them).
 Gradients are then summed over dp x cp like data-parallel ones (`grid.dp_cp`).
 """
@@ -217,7 +221,9 @@ class _RingAttention(torch.autograd.Function):
     Forward: cp steps; at each, attend to the K/V block in hand while the next one travels.
     Only q, k, v, the output and its log-sum-exp are kept: never a remote block.
     Backward: the K/V blocks go round again, now with dK/dV accumulators that every rank
-    adds its share to; after the last step each accumulator takes one hop home.
+    adds its share to; after the last step each accumulator takes one hop home. Overlapped
+    like the forward: the next block is posted before this one is computed, and a block's
+    accumulator, posted after, travels while the next block is computed.
     """
 
     @staticmethod
@@ -244,20 +250,27 @@ class _RingAttention(torch.autograd.Function):
         queries = OnlineSoftmax(q, k.shape[2], out, lse)
         queries.start_backward(dout)
         steps = ring_steps(axis.rank, axis.size, ctx.layout)
+        kv_in_flight = _ring_pass([k, v], axis, wait=False)   # step 1's block, already going
         # step 0, this rank's own block: its gradient stays here
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         queries.backprop(k, v, steps[0][1], dk, dv)
-        # steps 1..cp-1: a block arrives with the dK/dV its previous holders summed
+        # steps 1..cp-1: a block arrives; its dK/dV, summed by its previous holders, follows
         # (nothing yet at step 1: the accumulator starts there, so it need not travel)
-        k_cur, v_cur, dk_acc, dv_acc = k, v, None, None
+        acc_in_flight = None
         for t, (_, pairs) in enumerate(steps[1:], start=1):
-            travelling = [k_cur, v_cur] + ([dk_acc, dv_acc] if t > 1 else [])
-            received = _ring_pass(travelling, axis)
-            k_cur, v_cur = received[:2]
-            dk_acc, dv_acc = received[2:] if t > 1 else (torch.zeros_like(k), torch.zeros_like(v))
-            queries.backprop(k_cur, v_cur, pairs, dk_acc, dv_acc)
-        # the accumulators now hold the next rank's block, complete: one hop home
-        dk_home, dv_home = _ring_pass([dk_acc, dv_acc], axis)
+            k_cur, v_cur = kv_in_flight.wait()
+            if t < len(steps) - 1:       # the next block travels while this one is used
+                kv_in_flight = _ring_pass([k_cur, v_cur], axis, wait=False)
+            dk_new, dv_new = torch.zeros_like(k), torch.zeros_like(v)
+            queries.backprop(k_cur, v_cur, pairs, dk_new, dv_new)
+            if acc_in_flight is not None:   # what earlier holders added, arrived meanwhile
+                dk_prev, dv_prev = acc_in_flight.wait()
+                dk_new, dv_new = dk_new + dk_prev, dv_new + dv_prev
+            dk_acc, dv_acc = dk_new, dv_new     # (the previous ones are sent: wait() returned)
+            acc_in_flight = _ring_pass([dk_acc, dv_acc], axis, wait=False)
+        # the last accumulators sent hold the next rank's block, complete: one hop home;
+        # the one that arrived is mine
+        dk_home, dv_home = acc_in_flight.wait()
         return queries.grad_q(q), dk + dk_home, dv + dv_home, None, None
 
 
@@ -309,7 +322,31 @@ def allgather_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
     return _GatheredAttention.apply(q, kv[0], kv[1], axis.rank, axis.size, layout)
 
 
-CORES = {"ring": ring_attention, "allgather": allgather_attention}
+# ============================================================ Ulysses (all-to-all over heads)
+def ulysses_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
+    """DeepSpeed-Ulysses: q [b, s/cp, hq, d], k, v [b, s/cp, hkv, d] (this rank's tokens,
+    every head) become [b, s, h/cp, d] (every token, this rank's heads) by one all-to-all,
+    attention runs as on one device, and the output goes back the same way.
+
+    The tokens arrive in rank order, each rank's zigzag chunks: they are put in position
+    order for the causal mask, and back before the return trip. Fewer KV heads than ranks
+    (GQA): each KV head is replicated to the cp/hkv ranks whose query heads read it.
+    """
+    cp = axis.size
+    if cp == 1:
+        return causal_attention(q, k, v)
+    if k.shape[2] % cp:
+        k, v = (t.repeat_interleave(cp // k.shape[2], dim=2) for t in (k, v))
+    held = torch.cat([local_positions(q.shape[1] * cp, j, cp, layout) for j in range(cp)])
+    held = held.to(q.device)            # the position of each token after the exchange
+    in_order = held.argsort()
+    q_heads = regions.all_to_all(q, axis, split_dim=2, concat_dim=1)[:, in_order]
+    kv_heads = regions.all_to_all(torch.stack([k, v]), axis, split_dim=3, concat_dim=2)[:, :, in_order]
+    out = causal_attention(q_heads, kv_heads[0], kv_heads[1])
+    return regions.all_to_all(out[:, held], axis, split_dim=1, concat_dim=2)
+
+
+CORES = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ulysses_attention}
 
 
 def apply_context_parallel(model, cp_axis: Axis, impl: str = "ring"):

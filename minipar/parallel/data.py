@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from .. import comm
 from ..grid import Axis
+from .tensor import sum_partial_grads
 
 
 # ------------------------------------------------------------------------ buckets
@@ -186,12 +187,14 @@ class DataParallel:
                 lambda _, i=i: self.timeline.append(("complete", i, time.perf_counter())))
 
     def finish_backward(self):
-        """After the last backward of the step: every gradient summed over the group."""
+        """After the last backward of the step: every gradient summed over the group, and
+        then (sequence parallelism) the TP-partial ones over TP, once for the step."""
         if self.naive:
             for b in self.buckets:
                 self._launch(b)
         for b in self.buckets:
             self._finish(b)
+        sum_partial_grads(self.grads())
 
     # -- what the loop, the optimizer and checkpoints see --------------------------------
     def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:

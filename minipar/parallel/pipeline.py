@@ -58,7 +58,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from .. import comm
+from .. import comm, memory, profile
 from ..config import ConfigError
 from ..formulas import split_layers
 from ..grid import Axis, mark_replica
@@ -218,7 +218,11 @@ def backward_weight(work) -> None:
 class SavedBytes:
     """Bytes autograd saves for backward inside `with` (activations, not weights): each
     storage counted once, however many operations save a view of it. `enabled=False`
-    counts nothing and costs nothing (the executor measures only when tracing)."""
+    counts nothing and costs nothing (the executor measures only when tracing).
+
+    Saved-tensor hooks do not nest (the innermost win), so each tensor is handed on to the
+    step's `memory.ActivationMeter`, if one is measuring, and kept detached: a saved output
+    that held itself would tie its graph into a cycle the collector cannot free."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -229,11 +233,11 @@ class SavedBytes:
         if not isinstance(base, nn.Parameter):
             st = t.untyped_storage()
             self.storages[st.data_ptr()] = st.nbytes()
-        return t
+        return memory.hold(t)
 
     def __enter__(self):
         if self.enabled:
-            self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+            self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda h: h.tensor)
             self._ctx.__enter__()
         return self
 
@@ -347,7 +351,7 @@ class _Pipeline:
         # zero-bubble's B differentiates the first stage w.r.t. the embedding's output
         hook = chunk.embed_tokens.register_forward_hook(
             lambda mod, args, out: seen.setdefault("emb", out)) if s == 0 and self.split else None
-        with SavedBytes(enabled=self.trace is not None) as saved:
+        with SavedBytes(enabled=self.trace is not None or profile.active()) as saved:
             out = chunk(x, pos)
             if s == self.n_stages - 1:
                 out = self.loss_fn(out, y) / self.n_tokens
@@ -407,7 +411,12 @@ class _Pipeline:
         for msg in inputs_of(a, self.r, self.p, self.n_stages):
             self.wait_for(msg)
         start = time.perf_counter() - self.t0
-        fn(a)
+        name = f"{a.kind} mb{a.microbatch}" + (f" c{a.chunk}" if len(self.chunks) > 1 else "")
+        with profile.span(name, kind=a.kind, microbatch=a.microbatch, chunk=a.chunk,
+                          stage=a.stage(self.r, self.p)) as args:
+            fn(a)
+            args.update(in_flight=len(self.stash),
+                        activation_bytes=sum(w.nbytes for w in self.stash.values()))
         end = time.perf_counter() - self.t0
         if self.trace is not None:
             self.trace.append({
@@ -450,14 +459,22 @@ def write_trace(path: str, events: list[dict] | None, grid) -> None:
 
 def load_trace(paths) -> list[dict]:
     """Events of a `--trace` file, or of several: one JSON list of events, JSON lines, a JSON
-    list of per-rank lists (the rank is the position), or one file per rank. Each event is a
-    dict with rank, kind, microbatch, chunk, start, end."""
+    list of per-rank lists (the rank is the position), or one file per rank; or of a
+    `--profile` trace (a directory, or its trace.json[.gz]): its pipeline actions
+    (`profile.pipeline_events`). Each event is a dict with rank, kind, microbatch, chunk,
+    start, end."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     events = []
     for i, path in enumerate(paths):
+        if Path(path).is_dir() or str(path).endswith(".gz"):
+            events += profile.pipeline_events(profile.load(path))
+            continue
         text = Path(path).read_text().strip()
         try:
             data = json.loads(text)
+            if isinstance(data, dict) and "traceEvents" in data:
+                events += profile.pipeline_events(data)
+                continue
             records = data if isinstance(data, list) else [data]
         except json.JSONDecodeError:
             records = [json.loads(line) for line in text.splitlines() if line.strip()]

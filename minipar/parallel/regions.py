@@ -15,7 +15,8 @@ activations between blocks sharded along the sequence:
 
 Each is an `autograd.Function` whose backward is the forward's transpose; every byte goes
 through `comm`, so CommLog counts it. Context parallelism's all-gather of K/V reuses
-`gather_from_group`.
+`gather_from_group`; its Ulysses variant uses `all_to_all`, whose transpose is the
+all-to-all with the two dimensions swapped.
 """
 from __future__ import annotations
 
@@ -79,6 +80,21 @@ class _ReduceScatterToGroup(torch.autograd.Function):
         return comm.all_gather(g, ctx.axis, ctx.dim), None, None
 
 
+class _AllToAll(torch.autograd.Function):
+    """Forward: split `split_dim` over the ranks, concatenate what arrives along
+    `concat_dim`. Backward: the same exchange the other way (dims swapped)."""
+
+    @staticmethod
+    def forward(ctx, x, axis, split_dim, concat_dim):
+        ctx.axis, ctx.dims = axis, (split_dim, concat_dim)
+        return comm.all_to_all(x, axis, split_dim, concat_dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        split_dim, concat_dim = ctx.dims
+        return comm.all_to_all(g, ctx.axis, concat_dim, split_dim), None, None, None
+
+
 def copy_to_group(x, axis: Axis):
     return x if axis.size == 1 else _CopyToGroup.apply(x, axis)
 
@@ -93,3 +109,7 @@ def gather_from_group(x, axis: Axis, dim: int):
 
 def reduce_scatter_to_group(x, axis: Axis, dim: int):
     return x if axis.size == 1 else _ReduceScatterToGroup.apply(x, axis, dim)
+
+
+def all_to_all(x, axis: Axis, split_dim: int, concat_dim: int):
+    return x if axis.size == 1 else _AllToAll.apply(x, axis, split_dim, concat_dim)

@@ -28,6 +28,10 @@ The embedding and the output head are split along the vocabulary (Llama 3's 128K
 2 GB in bf16), and the loss is computed from each rank's slice of the logits without ever
 gathering them: `vocab_parallel_cross_entropy_sum`.
 
+With `overlap` (`--tp-overlap`, SP only) the all-gather into a block and the
+reduce-scatter out of it are not waited for: each is cut into t ring steps that run behind
+the matmul they feed (`collective_matmul`, section "Hiding TP communication").
+
 `apply_tensor_parallel` turns the reference model into this, in place, by the table
 `TP_PLAN`: module name pattern -> style. Its weights are the reference's, sliced.
 """
@@ -43,6 +47,7 @@ from .. import comm
 from ..grid import Axis, mark_replica
 from ..model import cross_entropy_sum
 from . import regions
+from .collective_matmul import all_gather_linear, linear_reduce_scatter
 
 SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
 
@@ -77,14 +82,27 @@ def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
 
 def sum_grad_over_tp(p: nn.Parameter, axis: Axis) -> nn.Parameter:
     """Under SP a replicated weight (a norm's, a row-parallel bias) meets only this rank's
-    tokens, so its gradient is a partial sum. Add the other ranks' parts the moment it is
-    computed, before it is accumulated into p.grad, so that data parallelism, clipping and
-    the optimizer all see the full gradient (a tensor hook runs before the post-accumulate
-    hooks DP uses)."""
-    def total(g):
-        return comm.all_reduce(g.contiguous().clone(), axis)
-    p.register_hook(total)
+    tokens, so its gradient is a partial sum. Mark it so: `sum_partial_grads` adds the
+    other ranks' parts once per step."""
+    p._partial_over = axis
     return p
+
+
+def sum_partial_grads(grads) -> None:
+    """Complete, in place, the gradients marked by `sum_grad_over_tp`, given as (gradient
+    this rank holds, parameter) pairs: one all-reduce over TP of all of them, once per step.
+
+    Called after the last micro-batch's backward and the data-parallel reduction: sums
+    commute, so (sum over micro-batches and dp x cp of the TP-partial gradients) summed
+    over TP is the full gradient, and it is one collective per step, not one per norm per
+    micro-batch. Under ZeRO a rank holds a piece of each gradient: the piece is summed."""
+    partial = [(g, p._partial_over) for g, p in grads if getattr(p, "_partial_over", None)]
+    if not partial:
+        return
+    axis = partial[0][1]
+    flat = comm.all_reduce(torch.cat([g.reshape(-1) for g, _ in partial]), axis)
+    for (g, _), total in zip(partial, flat.split([g.numel() for g, _ in partial])):
+        g.copy_(total.view_as(g))
 
 
 # ------------------------------------------------------------------------ the layers
@@ -94,21 +112,32 @@ class ColumnParallelLinear(nn.Module):
     `enters`: this layer brings its own input into the TP region (f, or the SP all-gather).
     False when its parent did that once for several siblings that read the same input
     (q, k, v; gate, up): one collective per block, not one per matrix.
+    `overlap` (SP): the all-gather runs behind the matmul (`all_gather_linear`); a sibling
+    that does not enter finds its product already computed by the parent's entry, which
+    multiplied each chunk by every sibling's weight as the chunk went by (`product`).
     """
 
-    def __init__(self, linear: nn.Linear, axis: Axis, enters: bool = True, sp: bool = False):
+    def __init__(self, linear: nn.Linear, axis: Axis, enters: bool = True, sp: bool = False,
+                 overlap: bool = False):
         super().__init__()
         if linear.out_features % axis.size:
             raise ValueError(f"--tp {axis.size} does not divide out_features={linear.out_features}")
-        self.axis, self.enters, self.sp = axis, enters, sp
+        self.axis, self.enters, self.sp, self.overlap = axis, enters, sp, overlap
         self.in_features, self.out_features = linear.in_features, linear.out_features // axis.size
         self.weight = shard_param(linear.weight, axis, dim=0)
         self.bias = shard_param(linear.bias, axis, dim=0) if linear.bias is not None else None
+        self.product = None      # overlap: (gathered input, its product), left by the entry
 
     def forward(self, x):
-        if self.enters:
-            x = enter_tp(x, self.axis, self.sp)
-        return F.linear(x, self.weight, self.bias)
+        if self.overlap and self.enters:
+            _, (y,) = all_gather_linear(x, [self.weight], self.axis, SEQ_DIM)
+        elif self.product is not None and x is self.product[0]:
+            y, self.product = self.product[1], None
+        else:
+            if self.enters:
+                x = enter_tp(x, self.axis, self.sp)
+            return F.linear(x, self.weight, self.bias)
+        return y if self.bias is None else y + self.bias
 
 
 class RowParallelLinear(nn.Module):
@@ -117,11 +146,11 @@ class RowParallelLinear(nn.Module):
     The bias is added after the reduction: added before, it would be counted t times.
     """
 
-    def __init__(self, linear: nn.Linear, axis: Axis, sp: bool = False):
+    def __init__(self, linear: nn.Linear, axis: Axis, sp: bool = False, overlap: bool = False):
         super().__init__()
         if linear.in_features % axis.size:
             raise ValueError(f"--tp {axis.size} does not divide in_features={linear.in_features}")
-        self.axis, self.sp = axis, sp
+        self.axis, self.sp, self.overlap = axis, sp, overlap
         self.in_features, self.out_features = linear.in_features // axis.size, linear.out_features
         self.weight = shard_param(linear.weight, axis, dim=1)
         self.bias = None
@@ -131,7 +160,10 @@ class RowParallelLinear(nn.Module):
                 sum_grad_over_tp(self.bias, axis)
 
     def forward(self, x):
-        y = exit_tp(F.linear(x, self.weight), self.axis, self.sp)
+        if self.overlap:    # the reduce-scatter runs behind the matmul, chunk by chunk
+            y = linear_reduce_scatter(x, self.weight, self.axis, SEQ_DIM)
+        else:
+            y = exit_tp(F.linear(x, self.weight), self.axis, self.sp)
         return y if self.bias is None else y + self.bias
 
 
@@ -233,7 +265,7 @@ def style_of(name: str, plan=TP_PLAN) -> str | None:
     return None
 
 
-def _replicated(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+def _replicated(module: nn.Module, axis: Axis, sp: bool, overlap: bool = False) -> nn.Module:
     for p in module.parameters(recurse=False):
         mark_replica(p, "tp")
         if sp:
@@ -241,34 +273,48 @@ def _replicated(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
     return module
 
 
-def _enter(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+def _enter(module: nn.Module, axis: Axis, sp: bool, overlap: bool = False) -> nn.Module:
     def pre_hook(mod, args):
         x, *rest = args
         return (enter_tp(x, axis, sp), *rest)
-    module.register_forward_pre_hook(pre_hook)
+
+    def overlapped_pre_hook(mod, args):
+        # one trip round the ring for the whole block: each chunk of the sequence is
+        # multiplied by every column-parallel child's weight (q, k, v) as it goes by
+        x, *rest = args
+        children = [m for m in mod.children() if isinstance(m, ColumnParallelLinear)]
+        gathered, ys = all_gather_linear(x, [m.weight for m in children], axis, SEQ_DIM)
+        for m, y in zip(children, ys):
+            m.product = (gathered, y)
+        return (gathered, *rest)
+    module.register_forward_pre_hook(overlapped_pre_hook if overlap else pre_hook)
     return module
 
 
 STYLES = {
-    "vocab_embedding": lambda m, axis, sp: VocabParallelEmbedding(m, axis, sp),
+    "vocab_embedding": lambda m, axis, sp, overlap: VocabParallelEmbedding(m, axis, sp),
     "replicated": _replicated,
     "enter": _enter,
-    "colwise": lambda m, axis, sp: ColumnParallelLinear(m, axis, enters=False, sp=sp),
-    "rowwise": lambda m, axis, sp: RowParallelLinear(m, axis, sp),
-    "head": lambda m, axis, sp: ColumnParallelLinear(m, axis, enters=True, sp=sp),
+    "colwise": lambda m, axis, sp, overlap: ColumnParallelLinear(m, axis, False, sp, overlap),
+    "rowwise": lambda m, axis, sp, overlap: RowParallelLinear(m, axis, sp, overlap),
+    "head": lambda m, axis, sp, overlap: ColumnParallelLinear(m, axis, True, sp, overlap),
 }
 
 
-def apply_tensor_parallel(model: nn.Module, tp_axis: Axis, sp: bool = False, plan=TP_PLAN):
+def apply_tensor_parallel(model: nn.Module, tp_axis: Axis, sp: bool = False, plan=TP_PLAN,
+                          overlap: bool = False):
     """Split `model` (the reference Transformer, or a pipeline stage of it) over `tp_axis`,
-    in place, by `plan`; return it. Modules the plan does not name are left alone."""
+    in place, by `plan`; return it. Modules the plan does not name are left alone.
+    `overlap` (needs `sp`): the collective matmul of `collective_matmul`."""
+    if overlap and not sp:
+        raise ValueError("--tp-overlap needs --sp (it overlaps SP's all-gather and reduce-scatter)")
     tied = getattr(model, "lm_head", None) is not None and getattr(model, "embed_tokens", None) \
         is not None and model.lm_head.weight is model.embed_tokens.weight
     for name, module in list(model.named_modules()):
         style = style_of(name, plan)
         if style is None:
             continue
-        new = STYLES[style](module, tp_axis, sp)
+        new = STYLES[style](module, tp_axis, sp, overlap)
         if new is not module:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, new)

@@ -25,7 +25,7 @@ COLORS = {
     # collectives
     "all_reduce": BLUE, "reduce_scatter": ORANGE, "all_gather": GREEN,
     # context parallelism: K/V by ring or all-gather; the naive and the balanced layout
-    "ring": BLUE, "allgather": ORANGE, "contiguous": RED, "zigzag": GREEN,
+    "ring": BLUE, "allgather": ORANGE, "ulysses": PURPLE, "contiguous": RED, "zigzag": GREEN,
     # a published or measured number drawn next to a prediction
     "reference": GREY,
     # failure categories of Llama 3's Table 5

@@ -1,4 +1,5 @@
-"""The MFU chapter's what-if explorer: sliders over the cost model.
+"""The MFU chapter's what-if explorer and the memory chapter's "will it fit": sliders over
+the cost model.
 
 Each explorer is two layers: a pure drawing function that returns a matplotlib Figure (the
 built book shows that as a static picture, since a static page has no kernel) and a thin
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..config import ConfigError, ModelConfig, ParallelConfig
-from ..costmodel import LLAMA3_CLUSTER, estimate
+from ..config import PRESETS, ConfigError, ModelConfig, ParallelConfig
+from ..costmodel import LLAMA3_CLUSTER, PRECISIONS, estimate
+from ..costmodel.memory import memory_of_rank
+from ..costmodel.workload import layout_problems, make_workload
 from .style import AXES, COLORS, INVALID, stacked_bars
 
 WHATIF_DEFAULTS = dict(tp=8, cp=1, pp=16, dp=64, microbatch_size=1, seq_len=8192,
@@ -167,3 +170,77 @@ def whatif(model=None, cluster=None, **defaults):
     names = list(controls)
     return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:5]]),
                            w.VBox([controls[k] for k in names[5:]])]), out])
+
+
+# ---------------------------------------------------------------- will it fit (memory chapter)
+FIT_DEFAULTS = {**WHATIF_DEFAULTS, "model": "llama3-405b", "precision": "bf16", "zero": 2}
+# An H100's "80 GB" of HBM3 are 80 GiB (nvidia-smi: 81,559 MiB usable, 85.5 GB): the line
+# the explorer draws, in decimal GB like every other number of the cost model.
+H100_HBM_GB = 80 * 2**30 / 1e9
+
+
+def fit_figure(**layout):
+    """"Will it fit": the bytes of every pipeline rank by part (parameters, gradients,
+    optimizer state, activations), against the cluster's HBM (dashed). `layout`: the keys
+    of `FIT_DEFAULTS` (model preset, precision, layout, batch, schedule, ZeRO, recompute)."""
+    kw = {**FIT_DEFAULTS, **layout}
+    model = ModelConfig.preset(kw["model"])
+    v = kw["virtual_stages"] if kw["schedule"] == "interleaved" else 1
+    pc = ParallelConfig(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=kw["dp"], zero=kw["zero"],
+                        sp=kw["tp"] > 1, schedule=kw["schedule"], virtual_stages=v,
+                        cp_impl=kw["cp_impl"], recompute=kw["recompute"])
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig.suptitle(f"{model.name}, {kw['precision']}: " + _whatif_title(kw), fontsize=8)
+    try:
+        work = make_workload(kw["seq_len"], kw["global_batch_tokens"], None,
+                             kw["microbatch_size"], kw["recompute"])
+        problems = layout_problems(model, pc, work)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        ranks = [memory_of_rank(model, pc, work, PRECISIONS[kw["precision"]], r)
+                 for r in range(pc.pp)]
+    except ConfigError as err:
+        _draw_problems((ax,), str(err).split("; "))
+        return fig
+    totals = stacked_bars(ax, {part: [r[part] / 1e9 for r in ranks]
+                               for part in ("params", "grads", "optimizer", "activations")})
+    hbm = H100_HBM_GB
+    ax.axhline(hbm, ls="--", color="black", lw=1)
+    worst = max(range(pc.pp), key=lambda r: totals[r])
+    fits = totals[worst] <= hbm
+    ax.set_title(f"fullest: pipeline rank {worst}, {totals[worst]:.1f} GB of {hbm:.1f} GB (80 GiB)"
+                 + ("" if fits else " (too big)"), fontsize=9, color="black" if fits else INVALID)
+    ax.set_xlabel("pipeline rank")
+    ax.set_ylabel("GB per GPU")
+    ax.set_ylim(0, max(hbm, max(totals)) * 1.15)
+    ax.legend(fontsize=7, loc="upper right", ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+def will_it_fit(**defaults):
+    """The live "will it fit" explorer: the what-if sliders, plus the model and precision;
+    the per-rank memory redraws on every change."""
+    import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
+    from IPython.display import display   # installed with ipywidgets
+
+    kw = {**FIT_DEFAULTS, **defaults}
+    controls = _controls(kw)
+    controls["model"] = w.Dropdown(options=list(PRESETS), value=kw["model"], description="model")
+    controls["precision"] = w.Dropdown(options=list(PRECISIONS), value=kw["precision"],
+                                       description="precision")
+    out = w.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            fig = fit_figure(**{**kw, **{k: c.value for k, c in controls.items()}})
+            display(fig)
+            plt.close(fig)
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    redraw()
+    names = list(controls)
+    return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:6]]),
+                           w.VBox([controls[k] for k in names[6:]])]), out])

@@ -105,8 +105,9 @@ def plot_cp_memory(seq_lens, measured: dict, unit: float = 1e6, unit_name: str =
 
 
 def plot_cp_bytes(model, cps=(2, 4, 8, 16, 32), seq_lens=(8192, 32768, 131072), tp: int = 8,
-                  dtype_bytes: int = 2, axes=None):
-    """Bytes one rank sends per layer (forward + backward, one sequence), ring vs all-gather.
+                  dtype_bytes: int = 2, axes=None, impls=("ring", "allgather")):
+    """Bytes one rank sends per layer (forward + backward, one sequence), by implementation
+    (ring, all-gather, Ulysses where the heads allow the cp).
     Left: against cp at the longest sequence. Right: against sequence length at cp=16."""
     def per_layer(s, cp, impl):
         return cp_wire_bytes_per_step(model, 1, s, cp, impl, tp=tp, n_layers=1,
@@ -114,11 +115,15 @@ def plot_cp_bytes(model, cps=(2, 4, 8, 16, 32), seq_lens=(8192, 32768, 131072), 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     s_max = max(seq_lens)
-    for impl, marker in (("ring", "o"), ("allgather", "s")):
-        axes[0].plot(cps, [per_layer(s_max, cp, impl) for cp in cps], color=COLORS[impl],
-                     marker=marker, label=impl)
-        axes[1].plot(seq_lens, [per_layer(s, 16, impl) for s in seq_lens], color=COLORS[impl],
-                     marker=marker, label=impl)
+    markers = {"ring": "o", "allgather": "s", "ulysses": "^"}
+    for impl in impls:
+        # Ulysses shares the heads out: only cp dividing the TP rank's heads
+        ok = [cp for cp in cps if impl != "ulysses" or (model.n_heads // tp) % cp == 0]
+        axes[0].plot(ok, [per_layer(s_max, cp, impl) for cp in ok], color=COLORS[impl],
+                     marker=markers[impl], label=impl)
+        if impl != "ulysses" or (model.n_heads // tp) % 16 == 0:
+            axes[1].plot(seq_lens, [per_layer(s, 16, impl) for s in seq_lens], color=COLORS[impl],
+                         marker=markers[impl], label=impl)
     log2_ticks(axes[0], cps, "context-parallel degree cp")
     axes[0].set_title(f"{s_max:,} tokens", fontsize=10)
     axes[0].set_ylim(0, None)
@@ -128,7 +133,7 @@ def plot_cp_bytes(model, cps=(2, 4, 8, 16, 32), seq_lens=(8192, 32768, 131072), 
     for ax in axes:
         ax.set_ylabel("MB sent per rank per layer")
         ax.legend(fontsize=8)
-    axes[0].figure.suptitle(f"{model.name}: K/V traffic per rank (tp={tp}, "
+    axes[0].figure.suptitle(f"{model.name}: context-parallel traffic per rank (tp={tp}, "
                             f"{dtype_bytes}-byte values)", fontsize=10)
     return axes
 

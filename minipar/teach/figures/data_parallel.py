@@ -1,7 +1,7 @@
 """Figures of the data-parallel chapter: overlap, ZeRO's memory and traffic, equal losses.
 
 The timeline of one step (each bucket's all-reduce launched during the backward, waited for
-at its end), what one rank holds under ZeRO-0/1/2/3, the bytes each stage sends per step,
+at its end; read from a `--profile` trace by `overlap_from_trace`), what one rank holds under ZeRO-0/1/2/3, the bytes each stage sends per step,
 and the loss curves that show every layout trains the same model. Each takes plain numbers
 (DataParallel.timeline, memory_bytes, CommLog, train()'s records): the notebook measures,
 these only draw.
@@ -10,7 +10,33 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ... import profile
 from ..style import COLORS, MEMORY_PARTS, formula_marks, stacked_bars
+
+
+def overlap_from_trace(trace: dict, pid: int = 0, step: int | None = None) -> list:
+    """One step of rank `pid` in a `--profile` trace, as `overlap_rows` takes it: the
+    forward, backward, backward-end and synced marks, and per data-parallel collective
+    ("bucket", in launch order) its launch, completion and the return of the wait that
+    found it. Times in seconds from the forward's start. Pure."""
+    windows = profile.step_windows(trace, pid)
+    a, b = windows[max(windows) if step is None else step]
+    inside = lambda cat: [e for e in profile.spans(trace, cat, pid) if a <= e["ts"] <= b]  # noqa: E731
+    passes = {k: [e for e in inside("compute") if e["args"].get("kind") == k] for k in "FB"}
+    t0 = min(e["ts"] for e in passes["F"])
+    sec = lambda t: (t - t0) / 1e6  # noqa: E731
+    dp = sorted((e for e in inside("comm") if e["args"]["axis"] == "dp"), key=lambda e: e["ts"])
+    waited = {i: w["ts"] + w["dur"] for w in inside("wait") for i in w["args"]["ids"]}
+    events = [("forward", None, 0.0),
+              ("backward", None, sec(min(e["ts"] for e in passes["B"]))),
+              ("backward end", None, sec(max(e["ts"] + e["dur"] for e in passes["B"]))),
+              ("synced", None, sec(max(waited.get(e["args"]["id"], e["ts"] + e["dur"])
+                                       for e in dp)))]
+    for i, e in enumerate(dp):
+        events += [("launch", i, sec(e["ts"])), ("complete", i, sec(e["ts"] + e["dur"]))]
+        if e["args"]["id"] in waited:
+            events.append(("done", i, sec(waited[e["args"]["id"]])))
+    return events
 
 
 def overlap_rows(events):

@@ -1,15 +1,18 @@
-"""Figures of the 4D chapter: which ranks share a group along each axis.
+"""Figures of the 4D chapter: which ranks share a group along each axis, and the threshold
+plots of choosing a layout.
 
-One panel per axis over the same arrangement of ranks, a colour per group, read from the
-grid's own `coords` and `all_groups`: nothing recomputed here.
+The rank grid: one panel per axis over the same arrangement of ranks, a colour per group,
+read from the grid's own `coords` and `all_groups`. The thresholds: one rule each, drawn
+from the numbers of `minipar.costmodel.rules` and the planner: nothing recomputed here.
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import NullLocator
 
 from ...grid import AXES, ProcessGrid
-from ..style import AXIS_NAMES
+from ..style import AXIS_NAMES, COLORS
 
 
 def plot_rank_grid(tp: int = 2, cp: int = 2, pp: int = 2, dp: int = 2):
@@ -44,3 +47,101 @@ def _draw_groups(ax, grid: ProcessGrid, axis: str):
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(f"{AXIS_NAMES[axis]}: {len(groups)} groups of {len(groups[0])}", fontsize=10)
+
+
+# ------------------------------------------------------------------ choosing a layout
+# Each threshold plot draws one rule of `minipar.costmodel.rules` against the variable that
+# moves it; the numbers are the cost model's, nothing is recomputed here.
+def plot_tp_threshold(widths, ratios: dict, overlapped: dict | None = None, budget: float = 0.2):
+    """TP's exposed communication over its matmuls against model width, a line per degree t
+    (`ratios[t]`: one value per width; `overlapped[t]` the same with --tp-overlap, dashed).
+    Below `budget` TP is cheap; the lines cross it where the width is enough for that t."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, (t, ys) in enumerate(ratios.items()):
+        line, = ax.plot(widths, ys, "o-", label=f"TP{t}")
+        if overlapped:
+            ax.plot(widths, overlapped[t], "--", color=line.get_color(), alpha=0.7)
+    ax.axhline(budget, color="k", lw=0.8, ls=":")
+    ax.text(widths[0], budget * 1.15, f"budget {budget:g}", fontsize=8)
+    ax.set(xscale="log", yscale="log", xlabel="model width h", ylabel="exposed TP / matmul time",
+           title="TP: communication over compute falls as 1/h, rises with t" +
+                 (" (dashed: --tp-overlap)" if overlapped else ""))
+    _log_ticks(ax, widths, [str(w) for w in widths])
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bubble_threshold(microbatches, bubbles: dict, budget: float = 0.1):
+    """The bubble against micro-batches per DP rank, a line per (pp, v) (`bubbles[label]`)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for label, ys in bubbles.items():
+        ax.plot(microbatches, ys, "o-", label=label)
+    ax.axhline(budget, color="k", lw=0.8, ls=":")
+    ax.set(xscale="log", xlabel="micro-batches per DP rank m", ylabel="bubble fraction",
+           title="PP: the bubble (p-1)/(vm+p-1) needs m >> p/v")
+    _log_ticks(ax, microbatches, [str(m) for m in microbatches])
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_dp_threshold(tokens_per_rank, shares: dict, budget: float = 0.05):
+    """Exposed DP time's share of the step against tokens per DP rank, a line per model."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for label, ys in shares.items():
+        ax.plot(tokens_per_rank, ys, "o-", label=label)
+    ax.axhline(budget, color="k", lw=0.8, ls=":")
+    ax.set(xscale="log", xlabel="tokens per DP rank per step", ylabel="exposed DP / step",
+           title="DP: exposure grows as each rank's share of the batch shrinks")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cp_threshold(seq_lens, attention: list, cp_ratios: dict):
+    """Left: attention's share of a block's compute against s. Right: CP's unhidden
+    communication over attention, a line per (cp, implementation)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(seq_lens, attention, "o-", color="k")
+    a.axhline(0.5, color="k", lw=0.8, ls=":")
+    a.set(xscale="log", xlabel="sequence length s", ylabel="attention / block compute",
+          title="attention grows as s; the matmuls do not")
+    for label, ys in cp_ratios.items():
+        b.plot(seq_lens, ys, "o-", label=label)
+    b.set(xscale="log", yscale="symlog", xlabel="sequence length s",
+          ylabel="exposed CP / attention time", title="CP: bytes grow as s, attention as s^2")
+    b.legend(fontsize=8)
+    for ax in (a, b):
+        _log_ticks(ax, seq_lens, [f"{s // 1024}K" for s in seq_lens])
+    fig.tight_layout()
+    return fig
+
+
+def _log_ticks(ax, values, labels):
+    """Ticks at `values` only, on a log axis (no minor labels crowding them)."""
+    ax.set_xticks(values, labels)
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+# where a planned step's time goes, each part in the book's colour for it
+PLAN_PARTS = {"compute": COLORS["compute"], "tp": COLORS["tp time"], "cp": COLORS["cp"],
+              "bubble": COLORS["bubble"], "pp": COLORS["pp"], "dp": COLORS["dp"],
+              "optimizer": COLORS["reference"]}
+
+
+def plot_plan(labels, breakdowns: list[dict], mfus: list[float]):
+    """Where the step of each planned layout goes (stacked shares of the step), with its MFU."""
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(labels)))
+    left = [0.0] * len(labels)
+    for k, colour in PLAN_PARTS.items():
+        widths = [b.get(k, 0.0) / sum(b.values()) for b in breakdowns]
+        ax.barh(range(len(labels)), widths, left=left, label=k, color=colour)
+        left = [x + w for x, w in zip(left, widths)]
+    ax.set_yticks(range(len(labels)), [f"{lab}  ({100 * m:.1f}%)" for lab, m in zip(labels, mfus)],
+                  fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="share of the step", xlim=(0, 1), title="the planner's best layouts (MFU)")
+    ax.legend(fontsize=7, ncol=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    return fig

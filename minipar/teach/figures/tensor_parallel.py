@@ -2,12 +2,14 @@
 
 Model state per rank as t grows (each weight matrix split t ways), the bytes one rank sends
 per step with and without sequence parallelism against their formulas, and the activations
-a rank keeps for the backward. The notebook measures (CommLog, memory counts); these draw.
+a rank keeps for the backward, and the ring steps of the collective matmul (`--tp-overlap`).
+The notebook measures (CommLog, memory counts, step times); these draw.
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ...parallel.collective_matmul import gather_chunk, scatter_chunk
 from ..style import COLORS, MEMORY_PARTS, formula_marks, log2_ticks, stacked_bars
 
 
@@ -72,3 +74,37 @@ def plot_saved_activations(measured: dict, unit: float = 1e6, unit_name: str = "
     ax.set_ylim(0, max(vals) * 1.15)
     ax.set_title("activations one rank keeps for the backward", fontsize=10)
     return ax
+
+
+def plot_collective_matmul(t: int = 4, axes=None):
+    """The ring steps of `--tp-overlap`, one row per rank, one column per step. Left:
+    all-gather-then-matmul (rank r multiplies chunk c of the sequence by its W_r while
+    passing c on); right: matmul-then-reduce-scatter (rank r computes its part of output
+    chunk c while the running sum of c arrives, adds, passes it on). The arrows are the
+    t-1 messages of one chunk each that replace the collective."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 0.55 * t + 1.6))
+    chunk_colours = plt.get_cmap("tab10").colors
+    plans = ((axes[0], gather_chunk, "all-gather, then matmul:  x$_c$ W$_r$"),
+             (axes[1], scatter_chunk, "matmul, then reduce-scatter:  part of y$_c$"))
+    for ax, chunk, title in plans:
+        for r in range(t):
+            for k in range(t):
+                c = chunk(r, t, k)
+                ax.add_patch(plt.Rectangle((k + 0.05, r - 0.38), 0.6, 0.76, color=chunk_colours[c % 10],
+                                           alpha=0.85))
+                ax.text(k + 0.35, r, f"c={c}", ha="center", va="center", fontsize=8, color="white")
+                if k < t - 1:     # the message in flight during this step: to rank r + 1
+                    ax.annotate("", xy=(k + 0.95, (r + 1) % t), xytext=(k + 0.68, r),
+                                arrowprops=dict(arrowstyle="->", color=COLORS["tp"], lw=1))
+        ax.set_xlim(0, t)
+        ax.set_ylim(t - 0.5, -0.5)
+        ax.set_xticks([k + 0.35 for k in range(t)])
+        ax.set_xticklabels([f"step {k}" for k in range(t)], fontsize=8)
+        ax.set_yticks(range(t))
+        ax.set_yticklabels([f"rank {r}" for r in range(t)], fontsize=8)
+        ax.set_title(title, fontsize=9)
+    axes[0].figure.suptitle(f"collective matmul over t = {t} ranks: box = the matmul of a step "
+                            f"(colour = sequence chunk), arrow = the chunk in flight meanwhile",
+                            fontsize=9)
+    return axes

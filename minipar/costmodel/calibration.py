@@ -1,0 +1,81 @@
+"""The published runs the cost model is fitted on, read into the model's own objects.
+
+Chapter "Four dimensions at once". `data/published_runs.csv` is a copy of the project's
+`calibration/published_runs.csv` (sources in its header: Llama 3's Table 4 and the
+Ultra-Scale Playbook's best configuration per model size and node count). Each row becomes
+the four things `estimate` takes: a model, a layout, a cluster and a batch. Other published
+tables are held back to test the model: nothing else may be fitted on.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ModelConfig, ParallelConfig
+from .gpus import gpu_cluster
+from .hardware import LLAMA3_CLUSTER, Cluster
+from .workload import Workload
+
+RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
+
+# The Playbook's models (nanotron's Llama with full multi-head attention and a 131,072-token
+# vocabulary; the two small ones tie their embeddings). Their shapes are those of Llama 3.2
+# 1B / 3B and Llama 3.1 8B / 70B with n_kv_heads = n_heads; each reproduces the parameter
+# count the Playbook prints to three digits (`test_playbook_shapes_match_their_names`).
+PLAYBOOK_MODELS = {
+    "1.34B": ModelConfig(n_layers=16, dim=2048, n_heads=32, n_kv_heads=32, ffn_dim=8192,
+                         vocab_size=131072, max_seq_len=4096, tie_embeddings=True, name="1.34B"),
+    "3.57B": ModelConfig(n_layers=28, dim=3072, n_heads=24, n_kv_heads=24, ffn_dim=8192,
+                         vocab_size=131072, max_seq_len=4096, tie_embeddings=True, name="3.57B"),
+    "8.86B": ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_dim=14336,
+                         vocab_size=131072, max_seq_len=4096, name="8.86B"),
+    "80B": ModelConfig(n_layers=80, dim=8192, n_heads=64, n_kv_heads=64, ffn_dim=28672,
+                       vocab_size=131072, max_seq_len=4096, name="80B"),
+}
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One row of the calibration file: what ran, and the MFU its authors measured."""
+
+    source: str
+    model: ModelConfig
+    parallel: ParallelConfig
+    cluster: Cluster
+    work: Workload
+    mfu: float
+
+    @property
+    def label(self) -> str:
+        p = self.parallel
+        return (f"{self.model.name} {p.world_size} GPUs TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}"
+                f" seq {self.work.seq_len}")
+
+
+def _model(name: str) -> ModelConfig:
+    return PLAYBOOK_MODELS[name] if name in PLAYBOOK_MODELS else ModelConfig.preset(name)
+
+
+def _run(row: dict) -> PublishedRun:
+    """A CSV row as a `PublishedRun`. Llama 3's rows leave ZeRO, micro-batches and
+    micro-batch size empty: its paper's FSDP is ZeRO-1-like, one sequence per micro-batch,
+    8 model chunks per rank (126 layers + embedding + head on 16 x 8 stages)."""
+    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
+    seq, batch = int(row["seq_len"]), int(row["global_batch_seqs"])
+    mbs = int(row["mbs"] or 1)
+    llama3 = row["source"].startswith("llama3")
+    v = 8 if row["schedule"] == "interleaved" else 1
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=int(row["zero"] or 1), sp=tp > 1,
+                        schedule=row["schedule"], virtual_stages=v,
+                        microbatches=batch // (dp * mbs), cp_impl="allgather")
+    cluster = LLAMA3_CLUSTER if llama3 else gpu_cluster("h100")
+    return PublishedRun(row["source"], _model(row["model"]), pc, cluster,
+                        Workload(seq, batch, mbs), float(row["mfu"]))
+
+
+def published_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
+    """Every row of the calibration file, in its order."""
+    with open(path) as f:
+        lines = [line for line in f if not line.startswith("#")]
+    return [_run(row) for row in csv.DictReader(lines)]

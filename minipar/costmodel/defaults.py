@@ -1,0 +1,73 @@
+"""Defaults that depend on the layout: chosen for the layout the user gave, never imposed.
+
+Chapter "Four dimensions at once". A flag the user did not pass must never be the reason a
+layout is refused: `--pp 1` with no schedule named gets a schedule that needs no pipeline,
+not Llama 3's interleaved one. `resolve_layout` fills each unset knob with the best choice
+for the set ones and says which it chose and why (`notes`); only a flag the user passed
+can then break a rule, and the error names it.
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig
+
+# Llama 3's Table 4, row 1: what `python -m minipar.costmodel` predicts with no flags.
+TABLE4_LAYOUT = {"tp": 8, "cp": 1, "pp": 16, "dp": 64}
+
+
+def largest_tp(model: ModelConfig, limit: int) -> int:
+    """The largest power of two <= limit dividing heads, KV heads, FFN and vocabulary."""
+    tp = 1
+    while 2 * tp <= limit and all(getattr(model, f) % (2 * tp) == 0
+                                  for f in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")):
+        tp *= 2
+    return tp
+
+
+def default_degrees(given: dict, gpus: int | None, model: ModelConfig,
+                    gpus_per_node: int) -> tuple[dict, list[str]]:
+    """tp, cp, pp, dp: those given; the rest Table 4's if they fit `gpus`, else TP as wide
+    as one server and the model allow, no CP or PP, and DP for the rest."""
+    out, notes = dict(given), []
+    missing = [k for k in ("tp", "cp", "pp", "dp") if out.get(k) is None]
+    if not missing:
+        return out, notes
+    trial = {**TABLE4_LAYOUT, **{k: v for k, v in out.items() if v is not None}}
+    if gpus is None:
+        gpus = trial["tp"] * trial["cp"] * trial["pp"] * trial["dp"] if "dp" in missing else None
+    inner = trial["tp"] * trial["cp"] * trial["pp"]
+    fits = (gpus is not None and gpus % inner == 0 and largest_tp(model, trial["tp"]) == trial["tp"]
+            and trial["pp"] <= model.n_layers)
+    if not fits:
+        trial = {"tp": largest_tp(model, min(gpus_per_node, gpus or gpus_per_node)), "cp": 1, "pp": 1,
+                 **{k: v for k, v in out.items() if v is not None and k != "dp"}}
+        inner = trial["tp"] * trial["cp"] * trial["pp"]
+    trial["dp"] = out["dp"] if out.get("dp") is not None else max(1, (gpus or inner) // inner)
+    chosen = ", ".join(f"{k} {trial[k]}" for k in missing)
+    notes.append(f"chose {chosen} (not given; " + ("Llama 3's Table 4 layout)" if fits else
+                                                    "TP inside one server, DP for the rest)"))
+    return trial, notes
+
+
+def default_schedule(pp: int, microbatches: int, n_layers: int, schedule: str | None,
+                     virtual_stages: int | None) -> tuple[str, int, list[str]]:
+    """The schedule and chunks per rank: interleaved with up to 8 chunks (Llama 3's) when
+    there is a pipeline and the micro-batches come in multiples of pp, else 1F1B."""
+    notes = []
+    if schedule is None:
+        if (virtual_stages or 1) > 1:               # chunks asked for: only one schedule has them
+            schedule = "interleaved"
+        elif pp > 1 and microbatches % pp == 0 and virtual_stages is None:
+            schedule = "interleaved"
+        else:
+            schedule = "1f1b"
+        why = ("--virtual-stages given" if (virtual_stages or 1) > 1 else "no pipeline" if pp == 1 else f"{microbatches} micro-batches, a multiple of pp {pp}"
+               if schedule == "interleaved" else f"{microbatches} micro-batches, not a multiple of pp {pp}")
+        notes.append(f"chose --schedule {schedule} ({why})")
+    if virtual_stages is None:
+        virtual_stages = 1
+        while schedule == "interleaved" and pp > 1 and virtual_stages < 8 and pp * virtual_stages * 2 <= n_layers + 2:
+            virtual_stages *= 2
+        if schedule == "interleaved" and pp > 1:
+            notes.append(f"chose --virtual-stages {virtual_stages} (up to 8 chunks per rank, "
+                         f"pp x v <= layers + 2)")
+    return schedule, virtual_stages, notes

@@ -1,0 +1,125 @@
+"""What each axis's communication costs the step: the part no computation hides.
+
+Chapter "Four dimensions at once". A collective's time is the alpha-beta model of
+`hardware.axis_seconds`; what the step pays is what sticks out of the work it overlaps:
+
+* TP: every collective sits between two matmuls that need it, so plain TP exposes all of
+  it. `--tp-overlap` (collective matmul) cuts each SP all-gather / reduce-scatter into t-1
+  ring steps, each hidden behind 1/t of the matmul it feeds: exposed max(0, c - M (t-1)/t).
+* CP: the ring sends the next K/V block while this block's attention runs; the all-gather
+  (Llama 3's) and Ulysses' all-to-alls are waited for.
+* PP: p-1 sends each way while the pipeline fills and drains; in the steady state a send
+  hides behind the next chunk unless it is slower.
+* DP: gradients are final only during the last micro-batch's backward, updated weights
+  are needed by the first forward (ZeRO-2/3 reduce or gather every micro-batch).
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig, ParallelConfig
+from ..formulas import (cp_hops, cp_kv_bytes, cp_layer_bytes, tp_layer_bytes, ulysses_kv_heads,
+                        wire_bytes)
+from .constants import Efficiency, Precision
+from .hardware import Cluster, axis_seconds
+from .workload import Workload
+
+# The collectives of one block under SP, in order, each with the linear it feeds (all-gather)
+# or drains (reduce-scatter); the backward runs them reversed, beside the input-gradient GEMMs.
+TP_PAIRS = ("qkv", "o", "gate_up", "down")
+
+
+def tp_collective_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
+                          work: Workload, precision: Precision, eff: Efficiency) -> float:
+    """One of a block's TP collectives on one micro-batch: an all-gather or reduce-scatter
+    of the [tokens, dim] activations under SP, or half of an all-reduce without it."""
+    tokens = work.tokens_per_microbatch(pc)
+    n_ops = 4 + (2 if work.recompute == "full" else 0)
+    nbytes = tp_layer_bytes(tokens, model.dim, pc.tp, precision.act_bytes, work.recompute, pc.sp)
+    op = "all_gather" if pc.sp else "all_reduce"
+    calls = 2 * n_ops if pc.sp else n_ops          # SP: AG + RS for each all-reduce
+    return axis_seconds(nbytes, "tp", pc, cluster, eff.network, op, calls) / (2 * n_ops)
+
+
+def tp_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
+                       work: Workload, precision: Precision, eff: Efficiency,
+                       matmuls: dict[str, tuple[float, float]]) -> float:
+    """Exposed TP seconds of one block and micro-batch; `matmuls`: {linear: (forward,
+    backward)} seconds (`kernels.layer_matmul_seconds`)."""
+    c = tp_collective_seconds(model, pc, cluster, work, precision, eff)
+    n_ops = 4 + (2 if work.recompute == "full" else 0)
+    if not (pc.tp_overlap and pc.sp):
+        return 2 * n_ops * c
+    hide = (pc.tp - 1) / pc.tp
+    forward = sum(max(0.0, c - hide * matmuls[k][0]) for k in TP_PAIRS)
+    backward = sum(max(0.0, c - hide * matmuls[k][1] / 2) for k in TP_PAIRS)
+    return forward * (2 if work.recompute == "full" else 1) + backward
+
+
+def cp_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
+               precision: Precision, eff: Efficiency, t_attention: float) -> float:
+    """Exposed CP seconds of one block and micro-batch (`t_attention`: its attention core)."""
+    if pc.cp == 1:
+        return 0.0
+    tokens = work.tokens_per_microbatch(pc)
+    kv_heads, q_heads = model.n_kv_heads // pc.tp, model.n_heads // pc.tp
+    if pc.cp_impl == "ulysses":
+        kv_heads = ulysses_kv_heads(kv_heads, pc.cp)
+        kv = cp_kv_bytes(tokens, kv_heads, model.head_dim, precision.act_bytes)
+        nbytes = cp_layer_bytes(kv, pc.cp, "ulysses", work.recompute, q_heads // kv_heads)
+        passes = 3 if work.recompute == "full" else 2
+        return axis_seconds(nbytes, "cp", pc, cluster, eff.network, "all_to_all", 3 * passes)
+    kv = cp_kv_bytes(tokens, kv_heads, model.head_dim, precision.act_bytes)
+    nbytes = cp_layer_bytes(kv, pc.cp, pc.cp_impl, work.recompute)
+    if pc.cp_impl == "allgather":
+        calls = 2 + (1 if work.recompute == "full" else 0)
+        return axis_seconds(nbytes, "cp", pc, cluster, eff.network, "all_gather", calls)
+    hops = cp_hops(pc.cp, "ring", work.recompute)
+    t = axis_seconds(nbytes, "cp", pc, cluster, eff.network, "send", hops)
+    return max(0.0, t - t_attention)        # K,V of the next block travel meanwhile
+
+
+def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
+                        work: Workload, precision: Precision, eff: Efficiency,
+                        t_mb: float) -> float:
+    """Pipeline transfers that stick out: p-1 each way while the pipeline fills and drains;
+    in between, a send hides behind the next chunk's compute unless it is slower."""
+    if pc.pp == 1:
+        return 0.0
+    size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
+    t_p2p = axis_seconds(size, "pp", pc, cluster, eff.network, "send", 1)
+    chunk = t_mb / pc.virtual_stages
+    m = work.microbatches(pc)
+    return 2 * (pc.pp - 1) * t_p2p + 2 * m * pc.virtual_stages * max(0.0, t_p2p - chunk)
+
+
+def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,
+                       t_mb: float) -> float:
+    """DP time that sticks out of the step. Gradients are final only during the last
+    micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind;
+    the updated weights can be prefetched during the first forward (1/3). ZeRO-2 reduces
+    every micro-batch behind its own backward, ZeRO-3 also gathers the weights every time.
+    Naive DP (no buckets) overlaps nothing."""
+    backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb, 1 / 3 * t_mb)
+
+    def exposed(t, window):
+        return max(0.0, t - window)
+    m = microbatches
+    if zero == 0:
+        return exposed(2 * t_rs, backward)           # an all-reduce: reduce-scatter + all-gather
+    if zero == 1:
+        return exposed(t_rs, backward) + exposed(t_ag, forward)
+    if zero == 2:
+        return m * exposed(t_rs, backward) + exposed(t_ag, forward)
+    return m * (exposed(t_ag, forward) + exposed(t_ag + t_rs, backward))
+
+
+def dp_collective_seconds(params: float, pc: ParallelConfig, cluster: Cluster,
+                          precision: Precision, eff: Efficiency) -> tuple[float, float]:
+    """(reduce-scatter of the gradients, all-gather of the weights) of `params` parameters
+    over the dp x cp group, in buckets of --bucket-mb (each bucket one collective)."""
+    n = pc.dp * pc.cp
+    grad_bytes = params * precision.grad_bytes
+    buckets = max(1.0, grad_bytes / (pc.bucket_mb * 1e6)) if pc.bucket_mb > 0 else 1.0
+    rs = wire_bytes("reduce_scatter", n, int(grad_bytes))
+    ag = wire_bytes("all_gather", n, int(params * precision.param_bytes))
+    return (axis_seconds(rs, "dp", pc, cluster, eff.network, "reduce_scatter", buckets),
+            axis_seconds(ag, "dp", pc, cluster, eff.network, "all_gather", buckets))

@@ -1,0 +1,127 @@
+"""`python -m minipar.costmodel.fit`: fit the cost model's constants on published runs.
+
+Chapter "Four dimensions at once". The constants of `Efficiency` (`FITTED`: at most five)
+are chosen to minimise the error, in MFU points, of the model's prediction of every run in
+`data/published_runs.csv`, and only those runs: other published tables are kept back to
+test what the model predicts without having seen them. The loss is Huber's with a 3-point
+knee: a row within 3 points counts its squared error, a row further out only linearly, so
+that one run the physics cannot explain does not drag every other row away. The search is
+Nelder and Mead's simplex (deterministic, from the defaults of `Efficiency`), inside bounds
+that keep each constant physical. Writes `data/constants.json` (`--write`), which the
+package loads, and prints every row's residual.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .calibration import RUNS_FILE, PublishedRun, published_runs
+from .constants import BF16_MIXED, CONSTANTS_FILE, FITTED, Efficiency
+from .time import _estimate
+
+BOUNDS = {"dense": (0.3, 1.0), "attention": (0.1, 1.0), "network": (0.2, 1.0),
+          "overhead": (0.0, 0.5)}
+KNEE = 3.0          # MFU points: Huber's knee
+
+
+def predict(run: PublishedRun, eff: Efficiency) -> float:
+    """The model's MFU for one published run."""
+    return _estimate(run.model, run.parallel, run.cluster, run.work, BF16_MIXED, eff).mfu
+
+
+def residuals(runs: list[PublishedRun], eff: Efficiency) -> list[float]:
+    """Predicted minus published MFU, in points, row by row."""
+    return [100 * (predict(r, eff) - r.mfu) for r in runs]
+
+
+def huber(r: float, knee: float = KNEE) -> float:
+    return 0.5 * r * r if abs(r) <= knee else knee * (abs(r) - 0.5 * knee)
+
+
+def _efficiency(x: list[float]) -> Efficiency:
+    clipped = {k: min(max(v, BOUNDS[k][0]), BOUNDS[k][1]) for k, v in zip(FITTED, x)}
+    return replace(Efficiency(), **clipped)
+
+
+def loss(x: list[float], runs: list[PublishedRun]) -> float:
+    return sum(huber(r) for r in residuals(runs, _efficiency(x)))
+
+
+def nelder_mead(f, x0: list[float], step: float = 0.05, iters: int = 400) -> list[float]:
+    """Minimise f from x0 by the simplex method (reflect, expand, contract, shrink)."""
+    pts = [list(x0)] + [[v + (step if i == j else 0.0) for j, v in enumerate(x0)]
+                        for i in range(len(x0))]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(len(pts)), key=vals.__getitem__)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        centre = [sum(p[j] for p in pts[:-1]) / (len(pts) - 1) for j in range(len(x0))]
+
+        def toward(t):
+            return [c + t * (w - c) for c, w in zip(centre, pts[-1])]
+        refl = toward(-1.0)
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = toward(-2.0)
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = toward(0.5)
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:
+                pts = [pts[0]] + [[a + 0.5 * (b - a) for a, b in zip(pts[0], p)] for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    return pts[min(range(len(pts)), key=vals.__getitem__)]
+
+
+def fit(runs: list[PublishedRun] | None = None) -> Efficiency:
+    """The constants that minimise the Huber loss over `runs` (default: the calibration file)."""
+    runs = published_runs() if runs is None else runs
+    start = Efficiency()
+    x = nelder_mead(lambda x: loss(x, runs), [getattr(start, k) for k in FITTED])
+    eff = _efficiency(x)
+    return replace(eff, **{k: round(getattr(eff, k), 4) for k in FITTED})
+
+
+def report(runs: list[PublishedRun], eff: Efficiency) -> str:
+    """One line per row: published MFU, predicted, residual; then the summary."""
+    res = residuals(runs, eff)
+    lines = [f"{'run':52s} {'published':>9s} {'predicted':>9s} {'residual':>8s}"]
+    for run, r in zip(runs, res):
+        lines.append(f"{run.source[:10]} {run.label:41s} {100 * run.mfu:9.1f} "
+                     f"{100 * run.mfu + r:9.1f} {r:+8.1f}")
+    inside = sum(abs(r) <= KNEE for r in res)
+    lines.append(f"{inside} of {len(res)} rows within {KNEE:g} points; mean |residual| "
+                 f"{sum(map(abs, res)) / len(res):.1f}, worst {max(map(abs, res)):.1f}")
+    return "\n".join(lines)
+
+
+def write(eff: Efficiency, path: Path = CONSTANTS_FILE) -> None:
+    data = {"fitted_on": str(RUNS_FILE.name), "by": "python -m minipar.costmodel.fit --write",
+            "loss": f"Huber, knee {KNEE:g} MFU points", "constants": {k: asdict(eff)[k] for k in FITTED}}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minipar.costmodel.fit", description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help=f"write the constants to {CONSTANTS_FILE.name}")
+    args = p.parse_args(argv)
+    runs = published_runs()
+    eff = fit(runs)
+    print("fitted:", ", ".join(f"{k}={getattr(eff, k)}" for k in FITTED))
+    print(report(runs, eff))
+    if args.write:
+        write(eff)
+        print(f"wrote {CONSTANTS_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The planner: every layout of a model on N GPUs that fits, ranked by predicted MFU, and why.
+
+Chapter "Four dimensions at once". Exhaustive over a pruned space: TP, CP, PP powers of two
+(TP within one server, CP only while each rank keeps >= 1,024 tokens), DP the rest; 1F1B or
+interleaved with 2, 4 or 8 chunks; micro-batches of 1, 2 or 4 sequences. Two knobs are not
+searched but *chosen*, because they only ever cost time: the least activation recomputation
+(none, selective, full) and the lowest ZeRO stage (1, then 3) that make the layout fit in
+memory. For each of the best layouts `limiting_term` names the largest loss and what the
+step would be without it; when nothing fits, `binding_constraint` says which rule binds.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..config import ConfigError, ModelConfig, ParallelConfig
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
+from .defaults import largest_tp
+from .hardware import Cluster
+from .memory import memory_per_gpu
+from .time import Estimate, estimate
+from .workload import Workload, layout_problems
+
+MIN_TOKENS_PER_CP_RANK = 1024
+RECOMPUTE_ORDER = ("none", "selective", "full")
+ZERO_ORDER = (1, 3)
+# What each limiting term is called, and the knob that shrinks it.
+REMEDIES = {
+    "compute efficiency": "wider GEMMs (a larger micro-batch, a smaller TP) or a faster kernel",
+    "tp": "--tp-overlap, or a smaller TP degree",
+    "cp": "the ring (overlapped) instead of all-gather, or less CP",
+    "bubble": "more micro-batches per DP rank (less DP, or a larger batch) or more virtual stages",
+    "pp": "fewer pipeline sends across servers",
+    "dp": "more tokens per DP rank (less DP, more PP/TP) or ZeRO-1 instead of ZeRO-3",
+    "optimizer": "ZeRO to shard the update",
+}
+
+
+@dataclass
+class Plan:
+    """What `plan` found: the fitting layouts, best first, and what ruled out the rest."""
+
+    ranked: list[Estimate]
+    tried: int
+    rejected: dict[str, int] = field(default_factory=dict)
+    smallest_memory_gb: float | None = None
+
+
+def _powers(limit: int) -> list[int]:
+    out, x = [], 1
+    while x <= limit:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def layouts(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int,
+            global_batch: int, microbatch_sizes=(1, 2, 4), tp_overlap: bool = False):
+    """Each (ParallelConfig without ZeRO/recompute, micro-batch size) of the pruned space."""
+    tps = _powers(largest_tp(model, min(cluster.gpus_per_node, gpus)))
+    cps = [c for c in _powers(gpus) if seq_len % (2 * c) == 0
+           and (c == 1 or seq_len // c >= MIN_TOKENS_PER_CP_RANK)]
+    pps = _powers(min(gpus, model.n_layers))
+    for tp, cp, pp in itertools.product(tps, cps, pps):
+        if gpus % (tp * cp * pp):
+            continue
+        dp = gpus // (tp * cp * pp)
+        for mbs in microbatch_sizes:
+            if global_batch % (dp * mbs):
+                continue
+            m = global_batch // (dp * mbs)
+            chunks = [("1f1b", 1)] + ([("interleaved", v) for v in (2, 4, 8)
+                                       if pp > 1 and pp * v <= model.n_layers + 2 and m % pp == 0])
+            for schedule, v in chunks:
+                yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1,
+                                     tp_overlap=tp_overlap and tp > 1, schedule=schedule,
+                                     virtual_stages=v, microbatches=m, cp_impl="allgather"), mbs
+
+
+def fit_memory(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, seq_len: int,
+               global_batch: int, mbs: int, precision: Precision):
+    """The cheapest (ZeRO stage, recompute) under which the layout fits, or (None, the GB
+    of the leanest: ZeRO-3 with full recomputation, tried first so a hopeless layout costs
+    one evaluation)."""
+    def gb(zero, rc):
+        work = Workload(seq_len, global_batch, mbs, rc)
+        trial = pc.replace(zero=zero, recompute=rc)
+        return memory_per_gpu(model, trial, work, precision)["total"] / 1e9, trial, work
+    leanest = gb(ZERO_ORDER[-1], RECOMPUTE_ORDER[-1])
+    if leanest[0] > cluster.hbm_gb:
+        return None, leanest[0]
+    for zero, rc in itertools.product(ZERO_ORDER, RECOMPUTE_ORDER):
+        need, trial, work = gb(zero, rc)
+        if need <= cluster.hbm_gb:
+            return trial, work
+    return leanest[1], leanest[2]
+
+
+def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
+         global_batch_tokens: int = 4 * 2**20, top: int = 5, tp_overlap: bool = False,
+         precision: Precision = BF16_MIXED, efficiency: Efficiency = LLAMA3_EFFICIENCY) -> Plan:
+    """Rank every valid, fitting layout of `model` on `gpus` GPUs of `cluster` by MFU."""
+    if global_batch_tokens % seq_len:
+        raise ConfigError(f"--global-batch-tokens {global_batch_tokens} is not a multiple of --seq-len {seq_len}")
+    batch = global_batch_tokens // seq_len
+    found, tried, rejected, least = [], 0, {}, None
+    for pc, mbs in layouts(model, cluster, gpus, seq_len, batch, tp_overlap=tp_overlap):
+        tried += 1
+        if layout_problems(model, pc, Workload(seq_len, batch, mbs)):
+            rejected["rules"] = rejected.get("rules", 0) + 1
+            continue
+        fitted, work = fit_memory(model, pc, cluster, seq_len, batch, mbs, precision)
+        if fitted is None:
+            rejected["memory"] = rejected.get("memory", 0) + 1
+            least = work if least is None else min(least, work)
+            continue
+        found.append(estimate(model, fitted, cluster, seq_len, global_batch=batch,
+                              microbatch_size=mbs, recompute=work.recompute,
+                              precision=precision, efficiency=efficiency))
+    found.sort(key=lambda e: -e.mfu)
+    return Plan(found if top is None else found[:top], tried, rejected, least)
+
+
+def losses(e: Estimate) -> dict[str, float]:
+    """Seconds of the step lost to each term: the compute beyond the ideal (the model's
+    FLOPs at peak: MFU x step), each exposed communication, the bubble, the optimizer."""
+    out = {"compute efficiency": e.time_breakdown_s["compute"] - e.mfu * e.step_time_s}
+    out.update({k: v for k, v in e.time_breakdown_s.items() if k != "compute"})
+    return out
+
+
+def limiting_term(e: Estimate) -> tuple[str, float, str, float, float]:
+    """(largest loss, its share of the step, the largest loss that is *not* the compute's,
+    its share, the MFU without it). The first is "memory" when the layout needed full
+    recomputation or ZeRO-3 to fit: memory then bounds what the rest can do."""
+    lost = losses(e)
+    first = max(lost, key=lost.get)
+    rest = {k: v for k, v in lost.items() if k != "compute efficiency"}
+    second = max(rest, key=rest.get)
+    without = e.mfu * e.step_time_s / (e.step_time_s - rest[second])
+    if e.workload.recompute == "full" or e.parallel.zero == 3:
+        first = "memory"
+    return (first, lost.get(first, 0.0) / e.step_time_s, second,
+            rest[second] / e.step_time_s, without)
+
+
+def binding_constraint(p: Plan, cluster: Cluster) -> str:
+    """Why nothing fits, in one line."""
+    if p.tried == 0:
+        return ("no layout divides the GPUs and the batch: --gpus and --global-batch-tokens / "
+                "--seq-len must share powers of two")
+    if p.rejected.get("memory"):
+        return (f"memory: the leanest layout (full recomputation, ZeRO-3) still needs "
+                f"{p.smallest_memory_gb:.0f} GB per GPU, over the {cluster.hbm_gb:g} GB of HBM: "
+                f"more GPUs, a GPU with more memory, or shorter sequences")
+    return "every layout breaks a rule of the model (heads, layers) or the batch: see --tp/--pp limits"
+
+
+def describe(e: Estimate) -> str:
+    p, w = e.parallel, e.workload
+    return (f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} {p.schedule}"
+            + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
+            + f" mbs{w.microbatch_size} ZeRO-{p.zero} recompute {w.recompute}"
+            + (" tp-overlap" if p.tp_overlap else ""))

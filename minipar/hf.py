@@ -1,0 +1,225 @@
+"""Hugging Face directories in and out: `config.json` plus safetensors, read a slice per rank.
+
+Chapter "Real models in and out".
+
+Every Llama is published as a directory: `config.json` (the shape; `ModelConfig.from_hf`
+refuses any field this model does not implement) and the weights in safetensors files,
+one `model.safetensors` or several shards listed by `model.safetensors.index.json`
+(tensor name -> file). A safetensors file is a JSON header (each tensor's name, dtype,
+shape and byte offsets) followed by the raw bytes, so a reader can fetch *part* of a
+tensor without reading the rest: `safe_open(file).get_slice(name)[rows, cols]`.
+
+That is how a rank loads its piece (`load_weights`): tensor parallelism tells it which rows
+(column-parallel, the vocabulary) or columns (row-parallel) of each matrix it holds, the
+pipeline stage which layers, ZeRO which flat range of those. Each rank reads exactly those
+bytes and nothing else, which is how the 810 GB of a 405B checkpoint get onto 16K GPUs:
+no rank ever holds the whole model. (Here the slices are copied into a model that
+`parallelize` first initialised from the seed; a 405B loader builds it on the meta device.)
+
+Going out (`save_pretrained`), the full tensors are written under Hugging Face's names with a
+`config.json` that `LlamaForCausalLM.from_pretrained` reads; the directory is written
+under a temporary name and renamed into place, like a checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .checkpoint import named_params
+from .config import ConfigError, ModelConfig
+from .model import Transformer, hf_name
+from .parallel.data import Shard
+
+WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+IGNORED = ("rotary_emb.inv_freq",)     # a buffer older transformers saved: computed, not learned
+
+
+# ================================================================ reading: where and what
+def weight_files(path: str) -> dict[str, str]:
+    """Tensor name -> the file that holds it: the index's `weight_map`, or every tensor of
+    the single `model.safetensors`. A file the index names must exist."""
+    index = os.path.join(path, INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"--init-hf {index}: unreadable index: {e!r}") from None
+        for file in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(path, file)):
+                raise ConfigError(f"--init-hf {path}: {file} is named by {INDEX} but absent")
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, WEIGHTS)
+    if not os.path.isfile(single):
+        raise ConfigError(f"--init-hf {path}: neither {WEIGHTS} nor {INDEX} in the directory")
+    with _open(single) as f:
+        return {name: single for name in f.keys()}
+
+
+def _open(file: str):
+    try:
+        return safe_open(file, framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"--init-hf {file}: not a readable safetensors file ({e})") from None
+
+
+def expected_shapes(mcfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight of this model under its Hugging Face name, with its shape (the model
+    is built on the meta device: shapes, no memory)."""
+    with torch.device("meta"):
+        model = Transformer(mcfg, seed=None)
+    return {hf_name(k): tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_dir(path: str, mcfg: ModelConfig) -> None:
+    """Before any rank starts: every tensor the model needs is in a file, with the shape
+    config.json implies, and no file holds a weight this model would ignore (a bias, say).
+    Reads the files' headers only."""
+    files = weight_files(path)
+    want = expected_shapes(mcfg)
+    if mcfg.tie_embeddings:         # the head is the embedding; a copy of it may be saved
+        want.pop("lm_head.weight")
+    for name, shape in want.items():
+        if name not in files:
+            raise ConfigError(f"--init-hf {path}: tensor {name} is in no file")
+    by_file: dict[str, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with _open(file) as f:
+            present = set(f.keys())
+            for name in names:
+                _check_tensor(f, file, name, present, want, mcfg)
+
+
+def _check_tensor(f, file: str, name: str, present: set, want: dict, mcfg: ModelConfig):
+    if name.endswith(IGNORED):
+        return
+    if name not in present:
+        raise ConfigError(f"--init-hf {file}: tensor {name} is listed in the index but not in the file")
+    shape = tuple(f.get_slice(name).get_shape())
+    if name == "lm_head.weight" and mcfg.tie_embeddings:
+        expected = want["model.embed_tokens.weight"]
+    elif name not in want:
+        raise ConfigError(f"--init-hf {file}: tensor {name} is not a weight of this Llama "
+                          "(biases and other extras are not supported)")
+    else:
+        expected = want[name]
+    if shape != expected:
+        raise ConfigError(f"--init-hf {file}: tensor {name} has shape {list(shape)}, "
+                          f"config.json implies {list(expected)}")
+
+
+# ================================================================ reading: a rank's slices
+def read_piece(sl, local_shape, tp_dim: int | None, tp_rank: int, tp_size: int,
+               start: int, stop: int) -> torch.Tensor:
+    """Elements start:stop (flattened) of this TP rank's part of a stored tensor, reading
+    only what holds them: the TP rank's rows or columns, and of those only the rows that
+    the flat range start:stop touches (a ZeRO piece)."""
+    index = [slice(None)] * len(sl.get_shape())
+    if tp_dim is not None:               # cut as `tensor.shard_param` cuts: contiguous chunks
+        n = sl.get_shape()[tp_dim] // tp_size
+        index[tp_dim] = slice(tp_rank * n, (tp_rank + 1) * n)
+    row = math.prod(local_shape[1:])     # elements in one row of the TP-local tensor
+    lo, hi = start // row, -(-stop // row)
+    first = index[0].start or 0
+    index[0] = slice(first + lo, first + hi)
+    return sl[tuple(index)].reshape(-1)[start - lo * row:stop - lo * row]
+
+
+def whole(p: torch.nn.Parameter) -> Shard:
+    """A rank that holds all of `p` (no ZeRO): the `shard_of` of the single device."""
+    return Shard(p.shape, 0, p.numel(), p.data.view(-1), p)
+
+
+@torch.no_grad()
+def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of=whole,
+                 tp_rank: int = 0, tp_size: int = 1) -> None:
+    """Copy the directory's weights into what this rank holds of `chunks`: for each
+    parameter, its tensor-parallel part (`_tp_dim`, set by `tensor.shard_param`) and of that
+    its `shard_of(p)` (all of it, or its ZeRO piece), read from the file by slice."""
+    files = weight_files(path)
+    handles = {}
+    try:
+        for name, p in named_params(chunks, mcfg):
+            file = files[hf_name(name)]
+            if file not in handles:
+                handles[file] = _open(file).__enter__()
+            shard = shard_of(p)
+            # whole here (plain DP; ZeRO-1/2's pieces are views of it), or ZeRO-3's piece,
+            # the only copy, which may be empty
+            held = p.shape == shard.shape
+            start, stop = (0, p.numel()) if held else (shard.start, shard.stop)
+            if start == stop:
+                continue
+            tp_dim = getattr(p, "_tp_dim", None)
+            tp = (tp_rank, tp_size) if tp_dim is not None else (0, 1)
+            piece = read_piece(handles[file].get_slice(hf_name(name)), shard.shape, tp_dim,
+                               *tp, start, stop)
+            (p.data.view(-1) if held else shard.data).copy_(piece)
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+
+
+def load_model(path: str) -> Transformer:
+    """The single-device model of a Hugging Face directory (generation, tests)."""
+    mcfg = ModelConfig.from_hf_dir(path)
+    check_dir(path, mcfg)
+    model = Transformer(mcfg, seed=None)
+    load_weights(path, [model], mcfg)
+    return model
+
+
+def tokenizer_file(path: str | None) -> str | None:
+    """The directory's `tokenizer.json`, when it has one."""
+    file = os.path.join(path, "tokenizer.json") if path else None
+    return file if file and os.path.isfile(file) else None
+
+
+# ================================================================ writing
+def hf_config(mcfg: ModelConfig) -> dict:
+    """config.json for `LlamaForCausalLM.from_pretrained`."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "torch_dtype": "float32", **mcfg.to_hf()}
+
+
+def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
+                    tokenizer_dir: str | None = None) -> str:
+    """Write `state` (full tensors under minipar's names) as a Hugging Face directory:
+    config.json, model.safetensors and, from `tokenizer_dir`, its tokenizer files.
+    Atomic: written into `out.tmp`, then renamed to `out` (an older `out` is replaced)."""
+    tensors = {hf_name(k): v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+    if mcfg.tie_embeddings:       # one tensor, stored once, as transformers does
+        tensors.pop("lm_head.weight", None)
+    out = os.path.normpath(out)
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file(tensors, os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(tmp, CONFIG), "w") as f:
+        json.dump(hf_config(mcfg), f, indent=2)
+    for name in TOKENIZER_FILES if tokenizer_dir else ():
+        if os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copy(os.path.join(tokenizer_dir, name), tmp)
+    _replace_dir(tmp, out)
+    return out
+
+
+def _replace_dir(tmp: str, out: str) -> None:
+    """Move the complete `tmp` to `out`: one rename (two, if an old `out` must go first)."""
+    if os.path.exists(out):
+        old = out + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, out)

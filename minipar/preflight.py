@@ -1,0 +1,155 @@
+"""Every check that can run before a rank starts: one line naming the flag or file, exit 2.
+
+Chapter "Failures at scale". A rule broken inside a rank costs the start-up of every rank
+and then shows up as a traceback from one of them (or, worse, as a run that trains to NaN
+and exits 0). So `check_run` asks, in the parent process and in this order:
+
+1. the configuration's own rules (`TrainConfig.validate`: layout, model, numbers);
+2. the world: torchrun's size against the layout's;
+3. the files: --data long enough for one sequence, the --log-json / --trace path writable,
+   --init-hf's weights, --save a directory, --resume's manifest and the SHA-256 of every file
+   it lists (`checkpoint.check_resume`);
+4. the memory: what the ranks on this machine will hold against what the machine has.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import checkpoint, formulas, hf, launch
+from .config import ConfigError, ModelConfig, TrainConfig
+from .data import check_text, make_source
+
+GiB = 2**30
+
+
+def check_run(cfg: TrainConfig) -> TrainConfig:
+    """Raise `ConfigError` (one line) on the first rule the run breaks; return `cfg`."""
+    cfg.validate()
+    check_world(cfg)
+    if cfg.init_hf:      # config.json was read by validate(); now every weight's file and shape
+        hf.check_dir(cfg.init_hf, cfg.model_config())
+    if cfg.export_hf and os.path.isfile(cfg.export_hf):
+        raise ConfigError(f"--export-hf {cfg.export_hf} is a file, not a directory")
+    if cfg.profile and os.path.isfile(cfg.profile) and not cfg.profile.endswith((".json", ".json.gz")):
+        raise ConfigError(f"--profile {cfg.profile} is a file; give a directory (or a path "
+                          "ending in .json or .json.gz)")
+    for flag in ("log_json", "trace"):
+        if getattr(cfg, flag):
+            check_writable_file(f"--{flag.replace('_', '-')}", getattr(cfg, flag))
+    if cfg.data is not None:
+        check_data(cfg)
+    checkpoint.check_flags(cfg)
+    check_memory(cfg)
+    return cfg
+
+
+def check_world(cfg: TrainConfig) -> None:
+    if launch.in_torchrun() and int(os.environ["WORLD_SIZE"]) != cfg.parallel.world_size:
+        p = cfg.parallel
+        raise ConfigError(f"--tp {p.tp} x --cp {p.cp} x --pp {p.pp} x --dp {p.dp} = "
+                          f"{p.world_size} ranks, but torchrun started {os.environ['WORLD_SIZE']}")
+
+
+def check_writable_file(flag: str, path: str) -> None:
+    """`path` can be written by rank 0 later: an existing writable file, or a new name in
+    an existing, writable directory. (As root, `os.access` says yes to everything but a
+    read-only file system, which is also what `open` would say.)"""
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a directory, not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
+        raise ConfigError(f"{flag} {path}: {parent} {what}")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ConfigError(f"{flag} {path} is not writable")
+    if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: the directory {parent} is not writable")
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """The --data file exists, fits the vocabulary, and holds at least one training window:
+    seq_len + 1 tokens (inputs and shifted targets) and one more so that windows can start
+    at more than one place."""
+    tokenizer = hf.tokenizer_file(cfg.init_hf)
+    check_text(cfg.data, cfg.model_config().vocab_size, tokenizer)
+    try:
+        n = os.path.getsize(cfg.data) if not tokenizer else \
+            len(make_source(cfg.data, cfg.model_config().vocab_size, cfg.seed, tokenizer).data)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--data {cfg.data}: unreadable: {str(e).splitlines()[0]}") from None
+    unit = "tokens" if tokenizer else "bytes"
+    if n < cfg.seq_len + 2:
+        raise ConfigError(f"--data {cfg.data} holds {n} {unit}; --seq-len {cfg.seq_len} needs "
+                          f"at least seq_len + 2 = {cfg.seq_len + 2}")
+
+
+# ---------------------------------------------------------------- memory
+def stage_bytes(model: ModelConfig, cfg: TrainConfig, stage: int) -> tuple[int, int]:
+    """Lower bounds on the bytes one rank of pipeline stage `stage` allocates, (built,
+    held): the stage's layers are built whole in float32 on the CPU before tensor
+    parallelism cuts them; then, on its device, it keeps its shard of weights (4 B),
+    gradients (4 B) and AdamW's m and v (8 B), ZeRO-sharded over dp x cp as far as its
+    stage says. Activations come on top."""
+    p = cfg.parallel
+    layers = formulas.rank_layers(model, p.pp, p.virtual_stages, stage)
+    first, last = stage == 0, stage == p.pp - 1
+    built = 4 * formulas.local_param_count(model, 1, layers, first, last)
+    n = formulas.local_param_count(model, p.tp, layers, first, last)
+    shards = p.dp * p.cp
+    held = n * (4 / (shards if p.zero >= 3 else 1) + 4 / (shards if p.zero >= 2 else 1)
+                + 8 / (shards if p.zero >= 1 else 1))
+    return built, int(held)
+
+
+def available_ram() -> int | None:
+    """Bytes this machine (or its container's cgroup) can still give: MemAvailable, capped
+    by cgroup v2's memory.max - memory.current. None where neither can be read."""
+    out = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    out = int(line.split()[1]) * 1024
+    except OSError:
+        try:
+            out = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                room = int(limit) - int(g.read())
+                out = room if out is None else min(out, room)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def check_memory(cfg: TrainConfig) -> None:
+    """The ranks on this machine need more memory than it has: say so now, not after the
+    machine has been swapping for minutes. Locally every rank is here; under torchrun the
+    LOCAL_WORLD_SIZE ranks of this node (counted at the largest stage's need)."""
+    model, p = cfg.model_config(), cfg.parallel
+    on_gpu = torch.cuda.is_available()
+    parts = [stage_bytes(model, cfg, s) for s in range(p.pp)]
+    per_stage = [built if on_gpu else max(built, held) for built, held in parts]
+    if launch.in_torchrun():
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", p.world_size))
+        need, ranks = local * max(per_stage), local
+    else:
+        need, ranks = sum(per_stage) * (p.world_size // p.pp), p.world_size
+    have = available_ram()
+    what = f"--model {cfg.model}" if not cfg.init_hf else f"--init-hf {cfg.init_hf}"
+    if have is not None and need > have:
+        raise ConfigError(f"{what} needs at least {need / GiB:.1f} GiB for the weights, "
+                          f"gradients and AdamW state of its {ranks} rank(s) on this machine "
+                          f"(float32), but {have / GiB:.1f} GiB is available")
+    if on_gpu:
+        gpu, held = torch.cuda.get_device_properties(0).total_memory, max(h for _, h in parts)
+        if held > gpu:
+            raise ConfigError(f"{what} needs at least {held / GiB:.1f} GiB per GPU "
+                              f"for weights, gradients and AdamW state in this layout, but a "
+                              f"GPU has {gpu / GiB:.1f} GiB")

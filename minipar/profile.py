@@ -1,0 +1,455 @@
+"""Traces everyone can open: one Chrome/Perfetto file for the whole job (`--profile DIR`),
+and what it says about communication: how much of each axis' time was hidden behind
+computation, and how much the ranks waited for.
+
+Chapter "From a laptop to a cluster", section "Reading a trace".
+
+While a `Recorder` is installed (`start`), every rank notes spans on one clock:
+
+    compute   the actions of a step: a micro-batch's forward F, backward B (zero-bubble:
+              its input-gradient B and weight-gradient W), the optimizer
+    layer     each transformer layer's forward and backward inside them (module hooks)
+    comm      one span per collective that `comm.CommLog` counts, with its axis, op and
+              bytes: a blocking collective from call to return, an asynchronous one from
+              post to completion (or to the wait that found it complete)
+    wait      the time a rank sat in `Handle.wait()`
+
+`finish` gathers every rank's spans on rank 0, which writes them in the Trace Event Format
+(the JSON of chrome://tracing, which ui.perfetto.dev opens too): a process per rank
+(pid = rank), a thread track for its computation and one per axis for its collectives,
+times in microseconds.
+
+Exposure (`exposure`, a pure function of the file): on each rank, the rank *computes* while
+inside a compute span and not blocked (in a blocking collective or a wait). An axis'
+communication time is the union of its spans; the part of it during which the rank computed
+is hidden, the rest is exposed: the rank had nothing to do but wait for it. For the pipeline
+axis a receive is posted long before its sender has produced anything, so "exposed" there
+includes the bubble: waiting for a message is waiting for the stage that sends it.
+
+The clock: `time.perf_counter_ns` is CLOCK_MONOTONIC on Linux, one clock for every process of
+a machine, so ranks forked on one machine share it exactly. Ranks on several machines (under
+torchrun) are aligned at a barrier when recording starts, to within that barrier's skew.
+
+What the spans time is the host's view. On CPU with gloo that is the work itself. On GPUs a
+kernel launch, and an NCCL collective, return to Python before the device has run them: the
+spans then show when work was issued, and the device's own timeline is `torch.profiler`'s
+(its trace of a rank opens in Perfetto next to this one).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gzip
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import comm
+
+AXES = ("tp", "cp", "pp", "dp", "world")
+TRACE_FILE = "trace.json"
+
+
+# ======================================================================= recording
+class Recorder:
+    """One rank's spans, in perf_counter nanoseconds, while `--profile` records."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.spans: list[dict] = []
+        self.context: dict = {}          # the action being run: its micro-batch, for layers
+        self.start_ns = time.perf_counter_ns()
+        self.n_comm = 0
+
+    def add(self, name: str, cat: str, start: int, end: int | None, **args) -> dict:
+        span = {"name": name, "cat": cat, "start": start, "end": end, "args": args}
+        self.spans.append(span)
+        return span
+
+    @contextlib.contextmanager
+    def span(self, name: str, cat: str = "compute", **args):
+        """A span around the `with` block; it yields its args, to add what is known only
+        at the end (the activations a pipeline action left in memory)."""
+        outer, self.context = self.context, {**self.context, **args}
+        start = time.perf_counter_ns()
+        try:
+            yield args
+        finally:
+            self.add(name, cat, start, time.perf_counter_ns(), **args)
+            self.context = outer
+
+    # -- the hooks comm.py calls ---------------------------------------------------------
+    def collective(self, axis: str, op: str, payload: int, wire: int, seconds: float) -> dict:
+        """CommLog.record's span of one collective, called just after it was posted (or,
+        blocking, completed) and `seconds` after it began. A `Handle` that carries it
+        moves its end to the completion."""
+        end = time.perf_counter_ns()
+        self.n_comm += 1
+        return self.add(f"{axis} {op}", "comm", end - int(seconds * 1e9), end, axis=axis,
+                        op=op, payload_bytes=payload, wire_bytes=wire, id=self.n_comm,
+                        blocking=True)
+
+    def waited(self, on: list[dict], start: int, end: int):
+        """A `Handle.wait()` that blocked from `start` to `end` on the collectives `on`."""
+        ops = sorted({s["name"] for s in on})
+        self.add("wait " + ", ".join(ops), "wait", start, end, ids=[s["args"]["id"] for s in on])
+
+
+RECORDER: Recorder | None = None
+
+
+def active() -> bool:
+    return RECORDER is not None
+
+
+def span(name: str, cat: str = "compute", **args):
+    """`with profile.span("F mb0", kind="F", microbatch=0) as args:` a span on this rank's
+    compute track while recording; nothing otherwise (then `args` is a dict nobody reads)."""
+    return RECORDER.span(name, cat, **args) if RECORDER is not None else contextlib.nullcontext(args)
+
+
+def start(rank: int | None = None) -> Recorder:
+    """Start recording on this rank (every rank calls it: a barrier lines them up)."""
+    global RECORDER
+    if dist.is_initialized():
+        dist.barrier()
+        rank = dist.get_rank() if rank is None else rank
+    RECORDER = Recorder(rank or 0)
+    comm.LOG.tracer = RECORDER
+    return RECORDER
+
+
+def stop() -> Recorder | None:
+    global RECORDER
+    rec, RECORDER = RECORDER, None
+    comm.LOG.tracer = None
+    return rec
+
+
+# -- per-layer spans, from module and tensor hooks -----------------------------------------
+def trace_layers(chunks) -> list:
+    """Hooks on every transformer layer of `chunks`: a span for its forward (pre- and post-
+    forward hooks) and one for its backward, from the moment the gradient of its output
+    arrives to the moment the gradient of its input is complete (hooks on those tensors).
+    They record only while a Recorder is installed. Returns the hook handles."""
+    handles = []
+    for chunk in chunks:
+        for name, block in chunk.layers.items():
+            handles.append(block.register_forward_pre_hook(functools.partial(_layer_in, int(name))))
+            handles.append(block.register_forward_hook(functools.partial(_layer_out, int(name))))
+    return handles
+
+
+def _layer_in(layer, module, args):
+    rec = RECORDER
+    if rec is None:
+        return
+    module._profile = {"start": time.perf_counter_ns(), "backward": None}
+    x = args[0]
+    if torch.is_grad_enabled() and x.requires_grad:
+        bwd = {"start": None, "done": False, "args": {"layer": layer, **rec.context}}
+        module._profile["backward"] = bwd
+        _when_grad_arrives(x)["ends"].append(bwd)
+
+
+def _layer_out(layer, module, args, out):
+    rec, state = RECORDER, getattr(module, "_profile", None)
+    if rec is None or state is None:
+        return
+    rec.add(f"layer {layer} F", "layer", state["start"], time.perf_counter_ns(),
+            layer=layer, kind="F", **{k: v for k, v in rec.context.items() if k != "kind"})
+    if state["backward"] is not None and out.requires_grad:
+        _when_grad_arrives(out)["begins"].append(state["backward"])
+    module._profile = None
+
+
+def _when_grad_arrives(t: torch.Tensor) -> dict:
+    """The one hook on `t` that times layer backwards: the spans that end and those that
+    begin when its gradient arrives, at one timestamp (layer i's input is layer i-1's
+    output, so one layer's backward ends exactly where the next one's begins)."""
+    if not hasattr(t, "_profile_grad"):
+        t._profile_grad = {"ends": [], "begins": []}
+        t.register_hook(functools.partial(_grad_arrived, t._profile_grad))
+    return t._profile_grad
+
+
+def _grad_arrived(state, grad):
+    rec, now = RECORDER, time.perf_counter_ns()
+    for bwd in state["ends"]:
+        # zero-bubble's W may run a node again: a layer's backward span is closed once
+        if rec is not None and not bwd["done"] and bwd["start"] is not None:
+            bwd["done"] = True
+            args = {k: v for k, v in bwd["args"].items() if k != "kind"}
+            rec.add(f"layer {args['layer']} B", "layer", bwd["start"], now, kind="B", **args)
+    for bwd in state["begins"]:
+        if bwd["start"] is None:
+            bwd["start"] = now
+
+
+# ==================================================================== the file
+def finish(path: str | os.PathLike, coords: dict | None = None, meta: dict | None = None):
+    """Stop recording, gather every rank's spans on rank 0 and write one trace file there
+    (gzipped when `path` ends in .gz; a directory gets `trace.json`). Collective: every
+    rank calls it. Returns the trace (rank 0) or None."""
+    rec = stop()
+    part = {"rank": rec.rank, "host": socket.gethostname(), "start_ns": rec.start_ns,
+            "spans": rec.spans, "coords": coords or {}}
+    parts = [part]
+    if dist.is_initialized():
+        parts = [None] * dist.get_world_size() if rec.rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+    if rec.rank != 0:
+        return None
+    trace = trace_events(parts, meta)
+    write(trace, path)
+    return trace
+
+
+def trace_path(path: str | os.PathLike) -> Path:
+    """`--profile DIR` -> DIR/trace.json; a path ending in .json or .json.gz is the file."""
+    path = Path(path)
+    return path if path.name.endswith((".json", ".json.gz")) else path / TRACE_FILE
+
+
+def write(trace: dict, path) -> Path:
+    path = trace_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        json.dump(trace, f)
+    return path
+
+
+def load(path) -> dict:
+    """A trace file (or a --profile directory), gzipped or not."""
+    path = trace_path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def epoch_of(parts: list[dict]) -> dict[int, int]:
+    """Each rank's time 0, in its own clock: on one machine every process reads the same
+    monotonic clock, so one epoch for all (the earliest start); across machines each rank's
+    own start, which the start barrier made simultaneous."""
+    if len({p["host"] for p in parts}) == 1:
+        t0 = min(p["start_ns"] for p in parts)
+        return {p["rank"]: t0 for p in parts}
+    return {p["rank"]: p["start_ns"] for p in parts}
+
+
+def delivered(parts: list[dict]) -> None:
+    """End each send's span when its message arrived: when the matching receive (the same
+    sender, receiver and tag, in posting order) completed on the peer. gloo reports neither
+    end's completion; a send's own wait may come much later (the pipeline waits for its
+    sends at the end of the step)."""
+    sends, recvs = {}, {}
+    for part in parts:
+        for s in part["spans"]:
+            a = s["args"]
+            if s["cat"] == "comm" and a.get("op") in ("send", "recv") and "peer" in a:
+                src, dst = (part["rank"], a["peer"]) if a["op"] == "send" else (a["peer"], part["rank"])
+                (sends if a["op"] == "send" else recvs).setdefault((src, dst, a["tag"]), []).append(s)
+    for key, out in sends.items():
+        for send, recv in zip(out, recvs.get(key, [])):
+            if send["end"] is not None and recv["end"] is not None:
+                send["end"] = max(send["start"], min(send["end"], recv["end"]))
+
+
+def trace_events(parts: list[dict], meta: dict | None = None) -> dict:
+    """The Trace Event Format object of every rank's spans (sends ended at their delivery)."""
+    delivered(parts)
+    epoch = epoch_of(parts)
+    events, ranks = [], {}
+    for part in sorted(parts, key=lambda p: p["rank"]):
+        r, coords = part["rank"], part["coords"]
+        ranks[r] = coords
+        label = " ".join(f"{a}{coords[a]}" for a in ("tp", "cp", "pp", "dp") if a in coords)
+        events += [_meta("process_name", r, 0, name=f"rank {r}" + (f" ({label})" if label else "")),
+                   _meta("process_sort_index", r, 0, sort_index=r),
+                   _meta("thread_name", r, 0, name="compute"),
+                   _meta("thread_sort_index", r, 0, sort_index=0)]
+        events += _rank_events(r, part["spans"], epoch[r])
+    clock = ("one machine: one monotonic clock" if len({p["host"] for p in parts}) == 1
+             else "several machines: aligned at a start barrier")
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"minipar": {**(meta or {}), "clock": clock,
+                                      "ranks": {str(r): c for r, c in ranks.items()}}}}
+
+
+def _meta(kind, pid, tid, **args) -> dict:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def _rank_events(rank: int, recorded: list[dict], epoch: int) -> list[dict]:
+    """One rank's X events. Collectives go on one track per axis; overlapping ones (buckets
+    in flight together) on extra lanes of it, so that every track nests properly."""
+    out, lanes = [], {}                     # axis -> end of the last span on each lane
+    done = [s for s in recorded if s["end"] is not None]
+    for s in sorted(done, key=lambda s: (s["start"], -s["end"])):
+        tid = 0
+        if s["cat"] == "comm":
+            axis = s["args"]["axis"]
+            ends = lanes.setdefault(axis, [])
+            lane = next((i for i, e in enumerate(ends) if e <= s["start"]), len(ends))
+            if lane == len(ends):
+                ends.append(0)
+                tid = _comm_tid(axis, lane)
+                name = f"{axis} comm" + (f" ({lane + 1})" if lane else "")
+                out += [_meta("thread_name", rank, tid, name=name),
+                        _meta("thread_sort_index", rank, tid, sort_index=tid)]
+            ends[lane] = s["end"]
+            tid = _comm_tid(axis, lane)
+        out.append({"name": s["name"], "cat": s["cat"], "ph": "X", "pid": rank, "tid": tid,
+                    "ts": (s["start"] - epoch) / 1e3, "dur": (s["end"] - s["start"]) / 1e3,
+                    "args": s["args"]})
+    return out
+
+
+def _comm_tid(axis: str, lane: int) -> int:
+    index = AXES.index(axis) if axis in AXES else len(AXES)
+    return 100 * (1 + index) + lane
+
+
+# ================================================================ reading a trace
+def spans(trace: dict, cat: str | None = None, pid: int | None = None) -> list[dict]:
+    """The complete ("X") events of a trace, of one category and rank if given."""
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"
+            and (cat is None or e["cat"] == cat) and (pid is None or e["pid"] == pid)]
+
+
+def union(intervals) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as `intervals`."""
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def intersect(xs, ys) -> list[tuple[float, float]]:
+    """The overlap of two sorted, disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(xs, ys) -> list[tuple[float, float]]:
+    """xs minus ys (both sorted and disjoint)."""
+    out = []
+    for a, b in xs:
+        for c, d in ys:
+            if d <= a or c >= b:
+                continue
+            if c > a:
+                out.append((a, c))
+            a = max(a, d)
+            if a >= b:
+                break
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+def computing(trace: dict, pid: int) -> list[tuple[float, float]]:
+    """When rank `pid` computed: inside a compute span, not blocked in a collective or a wait."""
+    compute = union((e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "compute", pid))
+    blocked = union([(e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "wait", pid)] +
+                    [(e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "comm", pid)
+                     if e["args"].get("blocking")])
+    return subtract(compute, blocked)
+
+
+def step_windows(trace: dict, pid: int) -> dict[int, tuple[float, float]]:
+    """{step: (start, end)} of rank `pid`'s steps, in microseconds."""
+    return {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "step", pid)}
+
+
+def hidden_and_exposed(trace: dict, pid: int, start: float = float("-inf"),
+                       end: float = float("inf")) -> dict[str, tuple[list, list]]:
+    """Rank `pid`'s communication of each axis posted between `start` and `end`, as two
+    interval lists: hidden (the rank computed meanwhile) and exposed (it did not)."""
+    busy = computing(trace, pid)
+    posted = [e for e in spans(trace, "comm", pid) if start <= e["ts"] <= end]
+    out = {}
+    for axis in sorted({e["args"]["axis"] for e in posted}):
+        mine = union((e["ts"], e["ts"] + e["dur"]) for e in posted if e["args"]["axis"] == axis)
+        out[axis] = (intersect(mine, busy), subtract(mine, busy))
+    return out
+
+
+def exposure(trace: dict, from_step: int = 0) -> dict[str, dict[str, float]]:
+    """Each axis' communication time, split into hidden (the rank computed meanwhile) and
+    exposed, in seconds per rank (the mean over ranks), over the steps from `from_step` on
+    (the first step warms up). {axis: {"total", "hidden", "exposed", "spans", "steps"}}:
+    "spans" the collectives per rank, "steps" how many steps that covers."""
+    pids = sorted({e["pid"] for e in spans(trace)})
+    out: dict[str, dict[str, float]] = {}
+    for pid in pids:
+        windows = [w for s, w in step_windows(trace, pid).items() if s >= from_step]
+        start = min((a for a, _ in windows), default=float("-inf"))
+        for axis, (hidden, exposed) in hidden_and_exposed(trace, pid, start).items():
+            row = out.setdefault(axis, {"total": 0.0, "hidden": 0.0, "exposed": 0.0, "spans": 0,
+                                        "steps": len(windows)})
+            row["hidden"] += length(hidden) / 1e6 / len(pids)
+            row["exposed"] += length(exposed) / 1e6 / len(pids)
+            row["total"] = row["hidden"] + row["exposed"]
+            row["spans"] += sum(e["args"]["axis"] == axis and e["ts"] >= start
+                                for e in spans(trace, "comm", pid)) / len(pids)
+    return out
+
+
+def format_exposure(table: dict, backend: str = "gloo") -> str:
+    """The small table a --profile run prints at its end."""
+    note = ("gloo on shared CPU cores: what the code lets overlap, not NCCL's speed on GPUs"
+            if backend == "gloo" else f"{backend}: when the host issued the work; the "
+            "device's own timeline is torch.profiler's")
+    lines = [f"communication per rank, mean over ranks ({note}):",
+             f"{'axis':6s} {'spans':>6s} {'total ms':>9s} {'hidden ms':>10s} "
+             f"{'exposed ms':>11s} {'hidden':>7s}"]
+    for axis, row in table.items():
+        share = row["hidden"] / row["total"] if row["total"] else 0.0
+        lines.append(f"{axis:6s} {row['spans']:6.0f} {1e3 * row['total']:9.2f} "
+                     f"{1e3 * row['hidden']:10.2f} {1e3 * row['exposed']:11.2f} {share:7.0%}")
+    return "\n".join(lines)
+
+
+# -- the pipeline's actions, as the Gantt charts take them ----------------------------------
+def pipeline_events(trace: dict, replica: dict | None = None) -> list[dict]:
+    """The F/B/W spans of one pipeline replica (the ranks at tp = cp = dp = 0 unless
+    `replica` says otherwise) as `parallel.schedules.timeline_from_events` takes them:
+    rank (the pipeline rank), kind, microbatch, chunk, start, end in seconds, and step,
+    in_flight and activation_bytes where recorded."""
+    ranks = trace.get("otherData", {}).get("minipar", {}).get("ranks", {})
+    want = {"tp": 0, "cp": 0, "dp": 0, **(replica or {})}
+    out, windows = [], {}
+    for e in spans(trace, "compute"):
+        coords = ranks.get(str(e["pid"]), {})
+        if e["args"].get("kind") not in ("F", "B", "W") or any(
+                coords.get(a, 0) != v for a, v in want.items()):
+            continue
+        if e["pid"] not in windows:
+            windows[e["pid"]] = step_windows(trace, e["pid"])
+        step = next((s for s, (a, b) in windows[e["pid"]].items() if a <= e["ts"] <= b), 0)
+        out.append({**e["args"], "rank": coords.get("pp", 0), "global_rank": e["pid"],
+                    "chunk": e["args"].get("chunk", 0), "step": step,
+                    "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
+    return out

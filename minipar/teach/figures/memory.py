@@ -1,0 +1,104 @@
+"""Figures of the chapter "Memory: where every byte goes".
+
+Each draws from plain numbers: bytes measured by the trainer (`--log-json`'s `memory`),
+bytes predicted by `minipar.costmodel.memory`, elements per token from `minipar.formulas`.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ..style import BLUE, COLORS, GREEN, ORANGE, PURPLE, lighter, stacked_bars
+
+PARTS = ("params", "grads", "optimizer", "activations")
+LAYER_PART_COLORS = {"norms": BLUE, "attention": ORANGE, "mlp": GREEN, "input": PURPLE}
+GIB = 2**30
+
+
+def plot_layer_breakdown(breakdowns: dict, ax=None, unit: str = "elements per token"):
+    """What one layer keeps, by part, for each of `breakdowns` ({label: {part: value}},
+    e.g. one per recompute mode): horizontal stacked bars, totals at their ends."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.6 * len(breakdowns) + 1.4))
+    labels = list(breakdowns)
+    seen = set()
+    for y, label in enumerate(labels):
+        left = 0.0
+        for part, value in breakdowns[label].items():
+            ax.barh(y, value, left=left, color=LAYER_PART_COLORS[part],
+                    label=None if part in seen else part)
+            seen.add(part)
+            left += value
+        ax.text(left, y, f" {left:,.0f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("what one transformer layer keeps for the backward", fontsize=10)
+    return ax
+
+
+def plot_measured_vs_predicted(rows: list[tuple[str, dict, dict]], ax=None):
+    """For each (label, measured, predicted) — dicts of bytes by part — two stacked bars
+    side by side: measured (solid) and predicted (pale). Bytes in MB."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 3.8))
+    n = len(rows)
+    for offset, which, amount in ((-0.2, 1, 0.0), (0.2, 2, 0.45)):
+        bottom = [0.0] * n
+        for part in PARTS:
+            values = [r[which][part] / 1e6 for r in rows]
+            label = f"{part} ({'measured' if which == 1 else 'predicted'})" if part == "activations" or which == 1 else None
+            ax.bar([i + offset for i in range(n)], values, width=0.38, bottom=bottom,
+                   color=lighter(COLORS[part], amount), label=label,
+                   edgecolor="black" if which == 2 else None, linewidth=0.3)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(n))
+    ax.set_xticklabels([r[0] for r in rows], fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("MB on the fullest rank")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("measured (left bar) vs predicted (right bar), tiny, fp32", fontsize=10)
+    return ax
+
+
+def plot_recompute_tradeoff(results: dict, axes=None):
+    """What recomputation buys and costs. `results`: {mode: {"activations": bytes,
+    "step_time_s": seconds, "flops": relative FLOPs per step}}."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(8, 3))
+    modes = list(results)
+    a, b = axes
+    a.bar(modes, [results[m]["activations"] / 1e6 for m in modes], color=COLORS["activations"])
+    a.set_ylabel("peak activations, MB")
+    a.set_title("bytes kept (measured)", fontsize=10)
+    base = results[modes[0]]["step_time_s"]
+    b.bar(modes, [results[m]["step_time_s"] / base for m in modes], color=COLORS["compute"],
+          label="step time (measured)")
+    b.plot(modes, [results[m]["flops"] for m in modes], "k_", markersize=30, mew=2,
+           label="FLOPs (formula)")
+    b.set_ylabel(f"relative to {modes[0]}")
+    b.set_title("time paid", fontsize=10)
+    b.legend(fontsize=7, loc="lower right")
+    return axes
+
+
+def plot_table4_budget(budgets: dict, hbm_gib: float = 80.0, ax=None):
+    """Bytes per GPU of each `budgets` entry ({label: {part: GB}}), stacked, against the
+    H100's HBM: 80 GiB (dashed) = 85.9 GB."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6, 1.2 * len(budgets) + 2), 3.8))
+    labels = list(budgets)
+    totals = stacked_bars(ax, {p: [budgets[k][p] for k in labels] for p in PARTS})
+    for i, total in enumerate(totals):
+        ax.text(i, total + 1, f"{total:.1f}", ha="center", fontsize=8)
+    hbm_gb = hbm_gib * GIB / 1e9
+    ax.axhline(hbm_gb, ls="--", color="black", lw=1)
+    ax.text(len(labels) - 0.5, hbm_gb + 1, f"H100: {hbm_gib:g} GiB = {hbm_gb:.1f} GB",
+            ha="right", fontsize=8)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("GB per GPU (fullest)")
+    ax.set_ylim(0, max(max(totals), hbm_gb) * 1.18)
+    ax.legend(fontsize=7, loc="upper left", ncol=4)
+    ax.set_title("Llama 3 405B, Table 4 layouts: the most loaded GPU", fontsize=10)
+    return ax
