@@ -399,6 +399,20 @@ def _write_shard(path: str, entries: list[dict], grid) -> dict:
     return info
 
 
+def replace_dir(tmp: str, final: str) -> None:
+    """Move the complete directory `tmp` to `final`. When `final` exists: two renames, not
+    one (a directory cannot replace a non-empty one); between them `final` is briefly
+    missing, but whatever points at it (`latest`) is written only after both."""
+    if os.path.exists(final):
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+
+
 def _commit(root, tmp, final, step, cfg, reports, history):
     files = {name: info for name, info, _ in reports}
     files[RNG] = _write(os.path.join(tmp, RNG), _torch_bytes([rng for _, _, rng in reports]))
@@ -416,17 +430,8 @@ def _commit(root, tmp, final, step, cfg, reports, history):
     }
     _write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
     _fsync_dir(tmp)
-    if os.path.exists(final):
-        # saved before: a run resumed from an older checkpoint passes this step again. Two
-        # renames, not one (a directory cannot replace a non-empty one); between them the
-        # step is briefly missing, but `latest` names it only after both.
-        old = final + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
+    # saved before? a run resumed from an older checkpoint passes this step again
+    replace_dir(tmp, final)
     pointer = os.path.join(root, LATEST + ".tmp")
     _write(pointer, (os.path.basename(final) + "\n").encode())
     os.replace(pointer, os.path.join(root, LATEST))

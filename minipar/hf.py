@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .checkpoint import named_params
+from .checkpoint import named_params, replace_dir
 from .config import ConfigError, ModelConfig
 from .model import Transformer, hf_name
 from .parallel.data import Shard
@@ -209,17 +209,5 @@ def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
     for name in TOKENIZER_FILES if tokenizer_dir else ():
         if os.path.isfile(os.path.join(tokenizer_dir, name)):
             shutil.copy(os.path.join(tokenizer_dir, name), tmp)
-    _replace_dir(tmp, out)
+    replace_dir(tmp, out)
     return out
-
-
-def _replace_dir(tmp: str, out: str) -> None:
-    """Move the complete `tmp` to `out`: one rename (two, if an old `out` must go first)."""
-    if os.path.exists(out):
-        old = out + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, out)

@@ -149,18 +149,24 @@ def _controls(kw: dict) -> dict:
 def whatif(model=None, cluster=None, **defaults):
     """The live explorer: sliders for tp, cp, pp, dp, micro-batch size, sequence length,
     schedule, chunks, recompute and ZeRO; the panel below redraws on every change."""
-    import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
-    from IPython.display import display   # installed with ipywidgets
-
     kw = {**WHATIF_DEFAULTS, **defaults}
     controls = _controls(kw)
+    return live_panel(controls, lambda values: whatif_figure(model, cluster, **{**kw, **values}),
+                      split=5)
+
+
+def live_panel(controls: dict, draw, split: int):
+    """Controls in two columns (the first `split`, then the rest) above a figure that
+    `draw(values)` redraws on every change: the one layout of every explorer."""
+    import ipywidgets as w   # here, not at the top: optional, only the live explorers need it
+    from IPython.display import display   # installed with ipywidgets
+
     out = w.Output()
 
     def redraw(_=None):
-        values = {k: c.value for k, c in controls.items()}
         with out:
             out.clear_output(wait=True)
-            fig = whatif_figure(model, cluster, **{**kw, **values})
+            fig = draw({k: c.value for k, c in controls.items()})
             display(fig)
             plt.close(fig)
 
@@ -168,8 +174,8 @@ def whatif(model=None, cluster=None, **defaults):
         c.observe(redraw, names="value")
     redraw()
     names = list(controls)
-    return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:5]]),
-                           w.VBox([controls[k] for k in names[5:]])]), out])
+    return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:split]]),
+                           w.VBox([controls[k] for k in names[split:]])]), out])
 
 
 # ---------------------------------------------------------------- will it fit (memory chapter)
@@ -222,25 +228,10 @@ def will_it_fit(**defaults):
     """The live "will it fit" explorer: the what-if sliders, plus the model and precision;
     the per-rank memory redraws on every change."""
     import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
-    from IPython.display import display   # installed with ipywidgets
 
     kw = {**FIT_DEFAULTS, **defaults}
     controls = _controls(kw)
     controls["model"] = w.Dropdown(options=list(PRESETS), value=kw["model"], description="model")
     controls["precision"] = w.Dropdown(options=list(PRECISIONS), value=kw["precision"],
                                        description="precision")
-    out = w.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            fig = fit_figure(**{**kw, **{k: c.value for k, c in controls.items()}})
-            display(fig)
-            plt.close(fig)
-
-    for c in controls.values():
-        c.observe(redraw, names="value")
-    redraw()
-    names = list(controls)
-    return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:6]]),
-                           w.VBox([controls[k] for k in names[6:]])]), out])
+    return live_panel(controls, lambda values: fit_figure(**{**kw, **values}), split=6)
