@@ -1,0 +1,195 @@
+"""How every exercise is checked: one fixed signature per exercise, a verdict, and for code
+an independent reference run on real gloo ranks.
+
+A check takes the reader's answer (a number) or implementation (a function with the
+signature the exercise states) and returns a `Verdict`: "Not answered yet" for None,
+"Correct" for a right answer, and for a wrong one what is off, never the solution. Code
+is run on `world` gloo ranks against the single-device reference, at every step; a wrong
+tensor is reported by step, rank and name, with its first wrong element and the largest
+difference, against a tolerance that says why it is what it is.
+
+Every check is registered with `@exercise(chapter, kind)`, so the tests can ask each
+chapter for its exercises and the book cannot name a check that does not exist. Kinds:
+- "number":    compute a number from the chapter's model;
+- "predict":   predict a number from the chapter's model, then run minipar and compare
+               (the check reports the ratio of the run to the prediction);
+- "bug":       a broken variant (teach/exercises/variants) to find and fix;
+- "implement": write the piece with torch.distributed / autograd;
+- "schedule":  build an action list, checked by the simulator before it runs on ranks.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ...launch import RankFailed, run_local
+
+NOT_ANSWERED = "Not answered yet: replace None with your answer and run the cell again."
+KINDS = ("number", "predict", "bug", "implement", "schedule")
+REGISTRY: dict[str, tuple[str, str]] = {}    # check name -> (chapter, kind)
+
+
+def exercise(chapter: str, kind: str):
+    """Register a check under its chapter (the notebook's name) and kind."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+
+    def register(check):
+        REGISTRY[check.__name__] = (chapter, kind)
+        return check
+    return register
+
+
+def exercises_of(chapter: str) -> dict[str, str]:
+    """{check name: kind} of one chapter."""
+    return {name: kind for name, (ch, kind) in REGISTRY.items() if ch == chapter}
+
+
+class Verdict:
+    """The outcome of a check: ok is True (right), False (wrong) or None (no answer yet)."""
+
+    def __init__(self, ok: bool | None, message: str):
+        self.ok, self.message = ok, message
+
+    def __bool__(self) -> bool:      # `assert check_x(...)` passes only when it is right
+        return self.ok is True
+
+    def __repr__(self) -> str:       # what a notebook cell shows
+        return self.message
+
+
+def right(message: str) -> Verdict:
+    return Verdict(True, "Correct! " + message)
+
+
+def wrong(message: str) -> Verdict:
+    return Verdict(False, "Not quite: " + message)
+
+
+def number(answer, expected: float, what: str, rel: float = 1e-3, hints=()) -> Verdict:
+    """Compare a numeric answer with `expected` to relative tolerance `rel`.
+
+    hints: (value, message) pairs for the usual mistakes; a wrong answer near one of them
+    gets that message, any other a "too high / too low" with the ratio.
+    """
+    if answer is None:
+        return Verdict(None, NOT_ANSWERED)
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return wrong(f"{what} should be a number, got {answer!r}.")
+    if math.isclose(a, expected, rel_tol=rel, abs_tol=1e-12):
+        return right(f"({what})")   # not the number: the page shows this under the question
+    for value, message in hints:
+        if math.isclose(a, value, rel_tol=rel, abs_tol=1e-12):
+            return wrong(message)
+    side = "too high" if a > expected else "too low"
+    ratio = a / expected if expected else float("inf")
+    return wrong(f"{what} = {answer} is {side} (by a factor of {ratio:.3g}).")
+
+
+def predicted(prediction, measured: float, what: str, rel: float, why: str) -> Verdict:
+    """A predict-then-run exercise: the reader's prediction against a number minipar just
+    measured. Within `rel` (whose reason `why` states) is right; either way the verdict
+    reports the ratio measured / predicted."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    try:
+        p = float(prediction)
+    except (TypeError, ValueError):
+        return wrong(f"{what} should be a number, got {prediction!r}.")
+    ratio = measured / p if p else float("inf")
+    report = f"{what}: run / prediction = {measured:.6g} / {p:.6g} = {ratio:.4f}"
+    if math.isclose(p, measured, rel_tol=rel, abs_tol=1e-12):
+        return right(f"{report} (within {rel:.0e}: {why}).")
+    return wrong(f"{report}; more than {rel:.0e} apart ({why}).")
+
+
+def function_given(fn) -> Verdict | None:
+    """None when `fn` is a function to run, else the verdict that says why not."""
+    if fn is None:
+        return Verdict(None, "Not answered yet: write the function, pass it here, run again.")
+    if not callable(fn):
+        return wrong(f"expected a function, got {fn!r}.")
+    return None
+
+
+def compare_calls(fn, cases, reference, rel_tol: float, mismatch, success: str,
+                  call=None) -> Verdict:
+    """Call the reader's fn(*args) and reference(*args) for each args in `cases`. Wrong at the
+    first call that raises, or whose number is off by more than rel_tol (mismatch(args, got,
+    want) says how); right, saying `success`, when every case agrees. call(args) names a call
+    in the messages (default: fn(args...))."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    for args in cases:
+        want = reference(*args)
+        name = call(args) if call else f"fn{tuple(args)}"
+        try:
+            got = float(fn(*args))
+        except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+            return wrong(f"{name} raised {type(e).__name__}: {e}")
+        if not math.isclose(got, want, rel_tol=rel_tol):
+            return wrong(mismatch(args, got, want))
+    return right(success)
+
+
+# ---------------------------------------------------------------- tensors, compared
+@dataclass(frozen=True)
+class Tolerance:
+    """How close is equal, and why: every check states its reason."""
+    atol: float
+    rtol: float
+    why: str
+
+
+BITWISE = Tolerance(0.0, 0.0, "bitwise: the same operations in the same order")
+FLOAT32 = Tolerance(1e-5, 1e-5, "float32: the same sums in another order round differently")
+
+
+def first_difference(got, want, name: str, tol: Tolerance = FLOAT32) -> str | None:
+    """None when `got` equals `want` within `tol`; else the tensor's name, its first wrong
+    element (index, got, want) and the largest difference."""
+    if not isinstance(got, torch.Tensor):
+        return f"{name} should be a tensor, got {type(got).__name__}."
+    if got.shape != want.shape:
+        return f"{name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}."
+    got, want = got.detach().double(), want.detach().double()
+    bad = ~torch.isclose(got, want, rtol=tol.rtol, atol=tol.atol, equal_nan=False)
+    if not bad.any():
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    diff = (got - want).abs().max().item()
+    return (f"{name}{list(index)} = {got[index].item():.6g}, expected {want[index].item():.6g}"
+            f"; max |difference| {diff:.3g} over {int(bad.sum())} of {bad.numel()} elements"
+            f" (tolerance {tol.atol:g}: {tol.why}).")
+
+
+def at(step: int, rank: int, problem: str | None) -> str | None:
+    """Prefix a tensor's problem with the step and rank where it showed."""
+    return None if problem is None else f"step {step}, rank {rank}: {problem}"
+
+
+def on_ranks(world: int, worker, fn, success: str, timeout_s: float = 60.0) -> Verdict:
+    """Run `worker(fn)` on `world` local gloo ranks. Each returns None (fine) or what went
+    wrong (use `at` and `first_difference`); the verdict shows the first rank's problem."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    try:
+        problems = run_local(_quiet, world, worker, fn, backend="gloo", timeout_s=timeout_s)
+    except RankFailed as e:
+        return wrong(f"your code raised on rank {e.rank}: {str(e).strip().splitlines()[0]}")
+    problems = [p for p in problems if p]
+    if problems:
+        return wrong(problems[0])
+    return right(success)
+
+
+def _quiet(worker, fn):
+    warnings.simplefilter("ignore", FutureWarning)   # torch's deprecation notes, per rank
+    return worker(fn)

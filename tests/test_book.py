@@ -1,0 +1,200 @@
+"""The book keeps its promises: one source for every number, exercises that exist and are
+checked, an explorer per chapter.
+
+- Every numeral in a chapter's prose is either written by the `{n}` role (from
+  `minipar.teach.numbers`) or glued from a notebook, or it is exempt: inside a citation,
+  a quotation of a source (a `>` block), math, code, a year, or a reference to a table,
+  figure, section, equation or version. `tests/book_numerals/<chapter>.txt` lists the few
+  that remain on purpose, each with its reason; a new one fails here.
+- Every `{n}` key the book uses exists, and every `check_*` the book names is a check.
+- Every chapter has at least four exercises, at least half of them of the kinds that test
+  understanding (predict then run, find the bug, implement, build a schedule), each in its
+  notebook with a hidden worked solution that nbval runs; and an explorer whose static
+  figure is on the chapter's page.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from minipar.teach import exercises
+from minipar.teach.numbers import CHAPTERS as NUMBER_MODULES, all_numbers
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+NOTEBOOKS = ROOT / "notebooks"
+ALLOWED = Path(__file__).with_name("book_numerals")   # one file per chapter
+
+# The chapters that end in exercises and an explorer (each has notebooks/<name>.ipynb).
+CHAPTERS = ["llama3", "collectives", "data_parallel", "tensor_parallel", "pipeline_parallel",
+            "context_parallel", "memory", "fourd", "mfu", "failures", "cluster", "hf"]
+DEEP_KINDS = {"predict", "bug", "implement", "schedule"}
+
+# ------------------------------------------------------------------ the numeral scan
+NUMERAL = re.compile(r"(?<![\w.\-/^])\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w\-/])")
+# Directives whose body is code, math or options, not prose; any other {directive} is prose.
+CODE_DIRECTIVE = re.compile(r"^\{(code-cell|code|code-block|literalinclude|math|glue:any|"
+                            r"glue:figure|glue|raw|bibliography|toctree|csv-table)\}")
+FENCE = re.compile(r"^(`{3,}|~{3,}|:{3,})")
+EXEMPT = [
+    r"\{[\w:-]+\}`[^`]*`",                        # roles: {n}, {glue:text}, {cite}, {ref}, ...
+    r"`[^`]*`",                                   # inline code
+    r"\$\$.*?\$\$", r"\$[^$]+\$",                 # math
+    r"\]\([^)]*\)", r"\[\^[^\]]*\]",              # link targets, footnote marks
+    r"<!--.*?-->",
+    r"\b(19[5-9]\d|20[0-3]\d)\b",                 # years
+    r"\b(Tables?|Figures?|Fig\.|Sections?|Sec\.|§|Eq\.|Equations?|[Cc]hapters?|p\.|pp\.|"
+    r"Appendix|Llama|Llama\s3\.\d|PyTorch|torch|Python|CUDA|NCCL|version|v)\s*\(?\d+(\.\d+)*\)?"
+    r"(\s*(and|,|–|-|to)\s*\d+(\.\d+)*)*",        # references, versions
+]
+
+
+def prose_lines(text: str):
+    """(line number, line) of the prose: outside code and math, option lines, quotes."""
+    code, prose, in_math = None, [], False
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if code:
+            if s.startswith(code) and set(s) == {code[0]}:
+                code = None
+            continue
+        fence = FENCE.match(s)
+        if fence:
+            mark, rest = fence.group(1), s[len(fence.group(1)):].strip()
+            if not rest and prose and prose[-1] == mark:
+                prose.pop()                    # the end of a prose directive ({note} ...)
+            elif rest.startswith("{") and not CODE_DIRECTIVE.match(rest):
+                prose.append(mark)
+            else:
+                code = mark                    # a code block or a code/math directive
+            continue
+        if s == "$$" or (s.startswith("$$") != s.endswith("$$") or s == "$$"):
+            in_math = not in_math
+            continue
+        if in_math or s.startswith(">") or re.match(r"^:\w[\w-]*:", s) or re.match(r"^\(.*\)=$", s):
+            continue
+        yield i, line
+
+
+def numerals(path: Path) -> list[tuple[int, str, str]]:
+    """(line, numeral, line text) for every numeral the prose states by hand."""
+    found = []
+    for i, line in prose_lines(path.read_text()):
+        stripped = line
+        for pattern in EXEMPT:
+            stripped = re.sub(pattern, " ", stripped)
+        found += [(i, m.group(), line.strip()) for m in NUMERAL.finditer(stripped)]
+    return found
+
+
+def allowed() -> Counter:
+    """(file, numeral) -> how many times it may appear by hand (tests/book_numerals/)."""
+    counts = Counter()
+    for path in ALLOWED.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                counts[(path.stem + ".md", line.split("|")[0].strip())] += 1
+    return counts
+
+
+def test_numerals_in_prose_come_from_one_source():
+    budget = allowed()
+    new = []
+    for path in sorted(BOOK.glob("*.md")):
+        for line, numeral, text in numerals(path):
+            key = (path.name, numeral)
+            if budget[key] > 0:
+                budget[key] -= 1
+            else:
+                new.append(f"book/{path.name}:{line}: {numeral!r} in: {text[:100]}")
+    assert not new, ("numbers written by hand in the prose (use {n}`chapter.key` from "
+                     "minipar.teach.numbers, or glue from a notebook):\n" + "\n".join(new))
+
+
+def test_allowed_numerals_are_still_there():
+    """An entry of book_numerals.txt that the book no longer has must go."""
+    present = Counter((p.name, n) for p in BOOK.glob("*.md") for _, n, _ in numerals(p))
+    stale = [f"{f}: {n}" for (f, n), k in allowed().items() if present[(f, n)] < k]
+    assert not stale, "tests/book_numerals/ lists numerals the book no longer has:\n" + "\n".join(stale)
+
+
+def test_scan_catches_a_hand_written_number(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text("The run took 7.2 s on {n}`llama3.gpus` GPUs in 2024 (Table 4),\n"
+                    "$2(n-1)/n$ bytes, `--tp 8`, H100s.\n\n```python\nx = 3\n```\n"
+                    "> the paper says 54 days\n")
+    assert [n for _, n, _ in numerals(page)] == ["7.2"]
+
+
+# ------------------------------------------------------------------ numbers and checks exist
+def _texts():
+    for path in sorted(BOOK.glob("*.md")):
+        yield path.name, path.read_text()
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        yield path.name, "\n".join("".join(c["source"]) for c in nb["cells"])
+
+
+def test_every_number_the_book_uses_exists():
+    numbers = all_numbers()
+    missing = [f"{name}: {key}" for name, text in _texts()
+               for key in re.findall(r"\{n\}`([^`]+)`", text) if key.strip() not in numbers]
+    assert not missing, "unknown {n} keys:\n" + "\n".join(missing)
+
+
+def test_every_number_module_is_a_known_chapter():
+    assert set(NUMBER_MODULES) <= set(CHAPTERS) | {"intro"}
+
+
+def test_every_check_the_book_names_exists():
+    """An exercise check, or another package function named check_* (checkpoint.check_resume)."""
+    defined = set(exercises.REGISTRY) | {
+        name for path in (ROOT / "minipar").rglob("*.py")
+        for name in re.findall(r"^\s*def (check_\w+)", path.read_text(), re.M)}
+    defined |= {n for _, text in _texts() for n in re.findall(r"def (check_\w+)", text)}
+    missing = [f"{name}: {check}" for name, text in _texts()
+               for check in set(re.findall(r"\b(check_\w+)", text)) if check not in defined]
+    assert not missing, "the book names checks that do not exist:\n" + "\n".join(missing)
+
+
+# ------------------------------------------------------------------ exercises and explorers
+def _notebook(chapter: str) -> list[dict]:
+    return json.loads((NOTEBOOKS / f"{chapter}.ipynb").read_text())["cells"]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_has_four_exercises_that_test_understanding(chapter):
+    checks = exercises.exercises_of(chapter)
+    assert len(checks) >= 4, f"{chapter}: {len(checks)} exercises, at least 4 wanted"
+    deep = [c for c, kind in checks.items() if kind in DEEP_KINDS]
+    assert 2 * len(deep) >= len(checks), (f"{chapter}: only {len(deep)} of {len(checks)} "
+                                          f"exercises are predict/bug/implement/schedule")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_exercise_is_in_its_notebook_with_a_worked_solution(chapter):
+    cells = [c for c in _notebook(chapter) if c["cell_type"] == "code"]
+    source = "\n".join("".join(c["source"]) for c in cells)
+    solutions = "\n".join("".join(c["source"]) for c in cells
+                          if "solution" in c.get("metadata", {}).get("tags", []))
+    for check in exercises.exercises_of(chapter):
+        assert re.search(rf"\b{check}\(", source), f"{chapter}.ipynb never calls {check}"
+        assert re.search(rf"assert {check}\(", solutions), (
+            f"{chapter}.ipynb has no hidden worked solution (a cell tagged 'solution' that "
+            f"asserts {check}(...))")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_has_an_explorer(chapter):
+    import importlib
+    module = importlib.import_module(f"minipar.teach.explorers.{chapter}")
+    assert callable(module.explore) and callable(module.figure)
+    source = "\n".join("".join(c["source"]) for c in _notebook(chapter))
+    assert "explore(" in source, f"notebooks/{chapter}.ipynb does not open its explorer"
+    page = (BOOK / f"{chapter}.md").read_text()
+    assert f"{{mpfig}} explorers.{chapter}.figure" in page, (
+        f"book/{chapter}.md does not show its explorer's static figure")
