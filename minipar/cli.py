@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 
+from . import launch
 from .config import ParallelConfig, TrainConfig, add_flags, from_flags
 from .launch import STOP_SIGNALS, Stopped
 
@@ -25,7 +27,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                 description="Train a Llama-style model on tp*cp*pp*dp ranks: local gloo "
-                            "processes, or the torchrun world.")
+                            "processes, or the torchrun world.",
+                epilog="Signals: SIGTERM or Ctrl-C stops every rank at the next step boundary "
+                       "(with --save, after a checkpoint there; a second Ctrl-C stops at once), "
+                       "one line, exit 128+signal (143, 130). Under torchrun, start the agent "
+                       "as `python -m minipar.torchrun` (torchrun's flags) for the same.")
     add_flags(p.add_argument_group("layout (ParallelConfig)"), ParallelConfig)
     add_flags(p.add_argument_group("run (TrainConfig)"), TrainConfig)
     return p
@@ -40,9 +46,10 @@ def parse(argv=None) -> TrainConfig:
 def error(e: Exception, status: int = 2, detail: bool = False, prefix: str = "error: ") -> int:
     """Print `e`'s first line as the CLI's error (and, with `detail`, the rest); return
     the exit status."""
-    print(f"{PROG}: {prefix}{str(e).splitlines()[0]}", file=sys.stderr)
-    if detail:
-        print(str(e), file=sys.stderr)
+    first, *rest = str(e).splitlines() or [""]
+    print(f"{PROG}: {prefix}{first}", file=sys.stderr)
+    if detail and rest:
+        print("\n".join(rest), file=sys.stderr)
     return status
 
 
@@ -72,11 +79,27 @@ def report_end(ended: dict, rank0: bool = True) -> int:
     if ended["checkpoint"]:
         saved = f"checkpoint saved to {ended['checkpoint']} (continue with --resume)"
     else:
-        saved = "no checkpoint (SIGTERM to a --save run writes one)"
+        saved = "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)"
     if rank0:
-        print(f"{PROG}: stopped by {name} after {ended['step']} steps, every rank at the same "
-              f"step boundary; {saved}", file=sys.stderr)
+        say(f"{PROG}: stopped by {name} after {ended['step']} steps, every rank at the same "
+            f"step boundary; {saved}")
     return 128 + ended["signal"]
+
+
+# Set by `python -m minipar.torchrun` for its workers: rank 0 leaves its one line of a
+# stopped run in this file, and the agent prints it once its workers are gone, so that
+# a signal to the agent ends with that one line (not rank 0's line and then the agent's).
+END_LINE_ENV = "MINIPAR_END_LINE_FILE"
+
+
+def say(line: str) -> None:
+    """The stopped run's one line: on stderr, or to the torchrun wrapper's file."""
+    path = os.environ.get(END_LINE_ENV)
+    if path and launch.in_torchrun():
+        with open(path, "w") as f:
+            f.write(line + "\n")
+    else:
+        print(line, file=sys.stderr)
 
 
 def print_summary(out: dict) -> None:

@@ -97,8 +97,9 @@ def _timed(fn, *args, **kw):
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-# All reductions are SUM: on gloo, ReduceOp.AVG was refused or silently summed in several
-# torch releases (pytorch#162338), so callers divide themselves.
+# All reductions are SUM and callers divide themselves: older torch releases refused
+# ReduceOp.AVG on gloo (the pinned 2.13.0 accepts it), a sum works on every backend, and
+# data parallelism divides by the global token count anyway, not by the number of ranks.
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 

@@ -441,8 +441,9 @@ class TrainConfig:
     skip_nonfinite: bool = opt(False, "a step whose loss or gradient norm is NaN or inf is "
                                       "skipped (no update) instead of stopping the run, exit 1, "
                                       "naming the step (the default)")
-    stop_grace_s: float = opt(30.0, "on SIGTERM, the seconds the ranks get to finish their "
-                                    "step and (with --save) checkpoint before they are killed")
+    stop_grace_s: float = opt(30.0, "on SIGTERM (Ctrl-C: at most 5), the seconds the ranks "
+                                    "get to finish their step and (with --save) checkpoint "
+                                    "before they are killed")
     resume_allow_change: bool = opt(False, "let --resume continue with another --seq-len, "
                                            "--global-batch, --data or --seed than the "
                                            "checkpoint's (the log records the change)")

@@ -49,6 +49,35 @@ def all_reduce_time(size: float, n: int, alpha: float, bandwidth: float) -> floa
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bandwidth
 
 
+ALL_REDUCE_ALGORITHMS = ("ring", "tree", "in-network", "root")
+
+
+def all_reduce_cost(algorithm: str, n: int, size: float, alpha: float = 0.0,
+                    bandwidth: float = float("inf")) -> tuple[float, float]:
+    """(bytes the busiest rank sends, seconds) of an all-reduce of `size` bytes over n ranks.
+
+    ring        2(n-1) steps; 2(n-1)/n S per rank: the least any rank-to-rank algorithm sends.
+    tree        NCCL's double binary tree: each rank is inside one tree and a leaf of the
+                other, so it sends about 2S, pipelined; only 2 log2(n) steps of latency.
+    in-network  the switch sums (NVLS on NVSwitch, SHARP on InfiniBand): each rank sends its
+                S once and receives the sum once; two steps of latency.
+    root        everyone sends to rank 0, which sums and sends back: (n-1) S through its link.
+    """
+    if n <= 1:
+        return 0.0, 0.0
+    if algorithm == "ring":
+        sent, steps = 2 * (n - 1) / n * size, 2 * (n - 1)
+    elif algorithm == "tree":
+        sent, steps = 2.0 * size, 2 * math.ceil(math.log2(n))
+    elif algorithm == "in-network":
+        sent, steps = float(size), 2
+    elif algorithm == "root":
+        sent, steps = (n - 1) * float(size), 2
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}; one of {ALL_REDUCE_ALGORITHMS}")
+    return sent, steps * alpha + sent / bandwidth
+
+
 # ============================================================ data parallelism and ZeRO
 def dp_bytes(n_params: int, n: int, zero: int, microbatches: int = 1,
              grad_bytes: int = 4, param_bytes: int = 4) -> int:
@@ -77,6 +106,19 @@ def dp_bytes(n_params: int, n: int, zero: int, microbatches: int = 1,
     if zero == 3:
         return m * (2 * wire_bytes("all_gather", n, p) + wire_bytes("reduce_scatter", n, g))
     raise ConfigError(f"--zero {zero} is unknown; choose 0, 1, 2 or 3")
+
+
+def bucket_timeline(bucket_bytes, ready_s, n: int, alpha: float,
+                    bandwidth: float) -> list[tuple[float, float]]:
+    """(start, end) of each bucket's all-reduce when bucket i can be launched at ready_s[i]
+    (the naive version: every bucket when the backward ends) and one link carries them one after
+    another, each taking all_reduce_time. The step's gradients are summed at the last end."""
+    spans, free = [], 0.0
+    for size, ready in zip(bucket_bytes, ready_s):
+        start = max(ready, free)
+        free = start + all_reduce_time(size, n, alpha, bandwidth)
+        spans.append((start, free))
+    return spans
 
 
 def zero_padded_numel(numels, n: int) -> int:

@@ -8,14 +8,17 @@ re-imports torch). That is what lets a notebook cell run real multi-process trai
 
 A rank that dies ends the whole job with an error that names it; a rank stuck in a collective
 whose peer is gone fails within the collective timeout, and the error names the rank that
-never arrived (its heartbeat stopped), not the bystander that noticed. Nothing hangs
-silently.
+never arrived, not the bystander that noticed: one whose heartbeat stopped (a stopped rank
+is named on stderr as soon as its beat stops, before the timeout), or one still running and
+beating that never joined the collective its peers timed out in. Nothing hangs silently.
 
 Signals. SIGTERM (what Slurm, Kubernetes and `timeout` send) and SIGINT (Ctrl-C) to the
 launcher are passed on to every rank. A rank only raises a flag; at the next step boundary
 all ranks agree on it with one all-reduce (`stop_requested`, reduced by the training loop),
 so they stop at the *same* step, and a run with --save checkpoints there first. Ranks that
-have not stopped within the grace period are killed. Nothing is left behind either way.
+have not stopped within the grace period (or at a second signal) are killed. Nothing is left
+behind either way. Under torchrun the agent passes the signals on; `python -m
+minipar.torchrun` is torchrun whose agent then ends with the same one line.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import pickle
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -233,10 +237,12 @@ def _collect(procs, results, world_size, beats, signals, timeout_s: float = 60.0
     errors: dict[int, str] = {}
     deadline = None
     hung: dict[int, str] = {}
+    warned: set[int] = set()
     try:
         while len(done) < world_size and (deadline is None or time.monotonic() < deadline):
             if signals.expired():
                 raise Stopped(signals.signum)
+            _warn_stopped(procs, beats, done, warned, timeout_s)
             if deadline is None and _hung_for(procs, beats, done, timeout_s):
                 break     # silent for a whole collective timeout: gloo may never say so
             try:
@@ -256,6 +262,8 @@ def _collect(procs, results, world_size, beats, signals, timeout_s: float = 60.0
             if errors and deadline is None:
                 deadline = time.monotonic() + grace_s
         hung = _silent_ranks(procs, beats, done, errors, min(SILENT_S, timeout_s))
+        if not hung and errors and all(_timed_out(m) for m in errors.values()):
+            hung = _absent_ranks(procs, done, errors)
     finally:
         for p in procs:
             if p.is_alive() and len(done) < world_size:
@@ -265,6 +273,36 @@ def _collect(procs, results, world_size, beats, signals, timeout_s: float = 60.0
     if errors or hung:
         raise _failure(errors, hung)
     return [done[r] for r in range(world_size)]
+
+
+def _warn_stopped(procs, beats, done, warned: set, timeout_s: float) -> None:
+    """Name a stopped rank on stderr as soon as its heartbeat says so (after `SILENT_S`),
+    not only when its peers give up at the collective timeout: it may still be continued
+    (SIGCONT, a debugger), so the job goes on until then."""
+    now = time.time()
+    live = [r for r, p in enumerate(procs) if r not in done and p.is_alive()]
+    for r in live:
+        if r in warned or now - beats[r] < SILENT_S or _process_state(procs[r].pid) != "T":
+            continue
+        if min(now - beats[q] for q in live) < SILENT_S:    # others beat: not a Ctrl-Z
+            warned.add(r)
+            print(f"minipar: rank {r} (pid {procs[r].pid}) is stopped (SIGSTOP or a debugger): "
+                  f"no heartbeat for {now - beats[r]:.0f} s; the job ends at the collective "
+                  f"timeout ({timeout_s:g} s) unless it continues", file=sys.stderr, flush=True)
+
+
+def _timed_out(error: str) -> bool:
+    """A rank's error says it waited for a peer until the collective timeout."""
+    return "timed out" in error.lower() or "timeout" in error.lower()
+
+
+def _absent_ranks(procs, done, errors) -> dict[int, str]:
+    """Every rank that reported timed out waiting, and these are still running, beating,
+    without a result or an error: they never joined the collective the others waited in
+    (stuck in Python, a sleep, a loop that releases the GIL)."""
+    return {r: f"pid {p.pid}, running and beating but never joined the collective its "
+               "peers timed out in"
+            for r, p in enumerate(procs) if r not in done and r not in errors and p.is_alive()}
 
 
 def _hung_for(procs, beats, done, timeout_s: float) -> bool:
@@ -346,7 +384,7 @@ def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float
         raise RuntimeError(f"torchrun started {ws} processes but the layout needs {world_size}")
     if not dist.is_initialized():
         _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s, "env://")
-    beat = Heartbeat(dist.get_rank(), ws)     # so that a failure can name the lost ranks
+    beat = Heartbeat(dist.get_rank(), ws, collective_timeout_s=timeout_s)  # names lost ranks
     try:
         return [fn(*args, **kwargs)]
     except Exception as e:

@@ -54,18 +54,26 @@ def check_world(cfg: TrainConfig) -> None:
 
 def check_writable_file(flag: str, path: str) -> None:
     """`path` can be written by rank 0 later: an existing writable file, or a new name in
-    an existing, writable directory. (As root, `os.access` says yes to everything but a
-    read-only file system, which is also what `open` would say.)"""
+    an existing, writable directory. Asked of `open` itself at the end: `os.access` says yes
+    to root for every path, even in /proc or on a file system mounted read-only."""
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path} is a directory, not a file")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
         raise ConfigError(f"{flag} {path}: {parent} {what}")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    existed = os.path.exists(path)
+    if existed and not os.access(path, os.W_OK):
         raise ConfigError(f"{flag} {path} is not writable")
-    if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
+    if not existed and not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: the directory {parent} is not writable")
+    try:
+        with open(path, "a"):        # appends nothing: an existing file keeps its bytes
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path} cannot be written: {e.strerror}") from None
+    if not existed:
+        os.remove(path)
 
 
 def check_data(cfg: TrainConfig) -> None:

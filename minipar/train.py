@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import sys
 import time
 
@@ -269,10 +268,11 @@ def agreed_stop(grid: ProcessGrid) -> int:
 
 
 def stop_at(run: Trainer, step: int, signum: int, records: list, saved_at, start: int) -> dict:
-    """Stop after `step` steps. On SIGTERM (a preemption: the job will be restarted) a
-    --save run first checkpoints what it did since its last checkpoint."""
+    """Stop after `step` steps. A --save run first checkpoints what it did since its last
+    checkpoint: on SIGTERM (a preemption: the job will be restarted) and on Ctrl-C alike
+    (a second Ctrl-C to the launcher stops at once, without one)."""
     cfg, path = run.cfg, None
-    if cfg.save and signum == signal.SIGTERM and step > start:
+    if cfg.save and step > start:
         path = os.path.join(cfg.save, checkpoint.step_dir_name(step)) if saved_at == step else \
             checkpoint.save(cfg.save, step, run.model.chunks, run.model.dp, run.optimizer,
                             run.grid, cfg, records)

@@ -198,3 +198,18 @@ def test_chapter_has_an_explorer(chapter):
     page = (BOOK / f"{chapter}.md").read_text()
     assert f"{{mpfig}} explorers.{chapter}.figure" in page, (
         f"book/{chapter}.md does not show its explorer's static figure")
+
+
+def test_no_number_is_defined_twice():
+    """A dict literal keeps the last of two equal keys silently: one key, one definition."""
+    import ast
+    twice = []
+    for path in sorted((ROOT / "minipar/teach/numbers").glob("*.py")):
+        seen = Counter()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                seen.update(k.value for k in node.keys if isinstance(k, ast.Constant))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+                seen.update(k.arg for k in node.keywords if k.arg)
+        twice += [f"{path.stem}.{key}" for key, n in seen.items() if n > 1]
+    assert not twice, "numbers defined twice: " + ", ".join(twice)

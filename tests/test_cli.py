@@ -108,6 +108,7 @@ def test_flags_are_generated_from_the_config_fields():
     assert cli.parse(["--tp", "2", "--sp", "--no-progress", "--data", "x.txt"]) == TrainConfig(
         parallel=ParallelConfig(tp=2, sp=True), progress=False, data="x.txt")
     text = cli.build_parser().format_help()
+    assert "python -m minipar.torchrun" in " ".join(text.split())   # the command under torchrun
     for cls in (ParallelConfig, TrainConfig):
         for f in dataclasses.fields(cls):
             if "help" in f.metadata:
@@ -130,6 +131,8 @@ def bad_paths(tmp):
         (["--log-json", str(tmp)], f"--log-json {tmp} is a directory, not a file"),
         (["--trace", str(tmp / "no" / "t.json")], f"--trace {tmp / 'no' / 't.json'}"),
     ]
+    if os.path.isdir("/proc/self"):  # no file can be made there, not even by root
+        out.append((["--log-json", "/proc/minipar.jsonl"], "--log-json /proc/minipar.jsonl"))
     if os.getuid() != 0:             # root may write a read-only file
         ro = tmp / "ro.jsonl"
         ro.write_text("")
@@ -237,3 +240,9 @@ def test_make_lab_passes_allow_root_as_root(repo_root):
                          timeout=60).stdout
     [line] = [x for x in out.splitlines() if "jupyter lab" in x]
     assert ("--allow-root" in line) == (os.getuid() == 0), line
+
+
+def test_an_error_with_detail_prints_its_first_line_once(capsys):
+    assert cli.error(RuntimeError("rank 1 died\n(then ranks [0] failed)"), 1, detail=True) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{cli.PROG}: error: rank 1 died", "(then ranks [0] failed)"]

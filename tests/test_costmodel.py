@@ -399,8 +399,8 @@ def test_cost_model_figures_draw():
 
 def test_table4_fit_counts_mark_the_book_constants():
     e = cm.LLAMA3_EFFICIENCY
-    assert cm.table4_fit_counts([e.dense], [e.attention]) == [[3]]
-    assert cm.table4_fit_counts([0.7], [0.5]) == [[0]]       # far off: no row fits
+    assert cm.table4_fit_counts([e.dense], [e.attention], network=e.network) == [[3]]
+    assert cm.table4_fit_counts([0.95], [0.9]) == [[0]]     # far off: no row fits
 
 
 def test_whatif_explorer_builds_and_redraws():
@@ -516,17 +516,26 @@ def test_tp_overlap_hides_tp_time_and_never_costs():
     assert over.comm_bytes_per_gpu == plain.comm_bytes_per_gpu      # same bytes, hidden
 
 
+# Rows the physics does not bring within 3 points, each with what is (or is not) known.
+# The chapter lists them; a change that moves any other row out of +-3 fails here.
+UNEXPLAINED = {
+    "1.34B 512 GPUs TP2 CP1 PP2 DP128 seq 4096": 6.0,   # 0.37 s steps of 37 ms compute
+    "1.34B 8 GPUs TP1 CP1 PP2 DP4 seq 4096": 5.0,       # nanotron's 11/5 layer split
+    "80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096": 25.0,       # 2.5x slower than any physics here
+    "80B 64 GPUs TP4 CP1 PP16 DP1 seq 4096": 7.0,
+}
+
+
 def test_calibration_residuals():
     from minipar.costmodel.fit import residuals
     runs = cm.published_runs()
     res = residuals(runs, cm.LLAMA3_EFFICIENCY)
     assert len(runs) == 15
     for run, r in zip(runs, res):
-        if run.source.startswith("llama3"):
-            assert abs(r) <= 3, (run.label, r)
-    # the Playbook rows the model cannot explain are listed in the chapter; the rest hold
-    assert sum(abs(r) <= 3 for r in res) >= 8
-    assert sum(map(abs, res)) / len(res) <= 6
+        assert not cm.layout_problems(run.model, run.parallel, run.work), run.label   # no refusal
+        assert abs(r) <= UNEXPLAINED.get(run.label, 3.0), (run.label, r)
+    assert sum(abs(r) <= 3 for r in res) >= len(runs) - len(UNEXPLAINED)
+    assert sum(map(abs, res)) / len(res) <= 3.5
 
 
 def test_fit_reproduces_the_committed_constants():
@@ -549,3 +558,26 @@ def test_fit_reproduces_the_committed_constants():
 def test_playbook_shapes_match_their_names():
     for name, model in cm.PLAYBOOK_MODELS.items():
         assert f"{formulas.param_count(model) / 1e9:.3g}" == name.rstrip("B")
+
+
+def test_rails_ring_algorithms_stage_pace_and_drain():
+    """The physics added for the calibration rows (issue 13), each by hand."""
+    from minipar.costmodel.exposure import pipeline_drain_seconds
+    from minipar.costmodel.hardware import collective_steps, rail_members
+    from minipar.costmodel.workload import nanotron_split, stage_loads
+    c = cm.LLAMA3_CLUSTER
+    # rails: a TP16 group fills two servers and crosses on all 8 NICs; Llama 3's DP on one
+    assert rail_members(c, 1, 16) == 8 and rail_members(c, 128, 64) == 1
+    assert cm.group_bandwidth_GBps(c, 1, 16, 512) == min(c.intra_node_GBps, 8 * c.inter_node_GBps)
+    assert cm.group_bandwidth_GBps(c, 128, 64, 8192) == c.inter_node_GBps
+    # NCCL: trees only for all-reduce; all-gather and reduce-scatter stay rings across servers
+    assert collective_steps("all_reduce", 128, True) == 2 * 7
+    assert collective_steps("all_gather", 128, True) == collective_steps("reduce_scatter", 128, True) == 127
+    # nanotron's split of 80 layers + head on 16 ranks: every layer once, the head last, max 6
+    m80 = cm.PLAYBOOK_MODELS["80B"]
+    split = nanotron_split(m80, 16)
+    assert sum(n for n, _ in split) == 80 and split[-1][1] == 1 and max(n for n, _ in split) == 6
+    assert stage_loads(m80, 16, "even") == [(5.0, 1 / 16)]
+    # the drain hides DP only for the later chunks of an interleaved rank
+    assert pipeline_drain_seconds(16, 1, 1.0) == 0 == pipeline_drain_seconds(1, 8, 1.0)
+    assert pipeline_drain_seconds(16, 8, 1.0) == pytest.approx(7 / 8 * 15 / 16)

@@ -22,6 +22,7 @@ LAYERS = [
     "minipar.costmodel.*",
     "minipar",                      # the package's __init__: ConfigError, the configs
     "minipar.grid",
+    "minipar.placement",            # where the grid's ranks land on servers, racks and pods
     "minipar.comm",
     "minipar.profile",              # traces: spans of compute and of every collective
     "minipar.heartbeat",            # under torchrun: which rank (and node) is lost
@@ -48,6 +49,7 @@ LAYERS = [
     "minipar.preflight",            # every check before a rank starts (flags, files, memory)
     "minipar.cli",
     "minipar.train",
+    "minipar.torchrun",             # torchrun's agent, ending on a signal with one line
     "minipar.testing",              # tests' hooks: built on everything, used by nothing
     "minipar.teach.*",              # the book's helpers: read everything, read by nothing
 ]

@@ -43,7 +43,7 @@ def test_torchrun_world_matches_forked_world(tmp_path, repo_root):
 # With the c10d rendezvous torchrun numbers the nodes itself (GROUP_RANK) and ignores
 # --node-rank, so the tests below find out from the processes which node holds which rank.
 def agent_cmd(node_rank: int, port: int, nproc: int, train_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run",
+    return [sys.executable, "-m", "minipar.torchrun",      # torchrun, one line on a signal
             "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", "minipar-two-nodes",
@@ -192,8 +192,68 @@ def test_losing_a_node_ends_the_job_with_an_error_naming_it(tmp_path, repo_root,
 
 def test_the_slurm_example_uses_the_tested_torchrun_flags(repo_root):
     text = (repo_root / "examples" / "slurm_train.sbatch").read_text()
-    line = re.search(r"^[^#\n]*torchrun (.*?) -m minipar\.train", text.replace("\\\n", " "), re.M)
-    assert line, "no `torchrun ... -m minipar.train` in examples/slurm_train.sbatch"
+    line = re.search(r"^[^#\n]*python -m minipar\.torchrun (.*?) -m minipar\.train",
+                     text.replace("\\\n", " "), re.M)
+    assert line, "no `python -m minipar.torchrun ... -m minipar.train` in examples/slurm_train.sbatch"
+    assert agent_cmd(0, 0, 2, [])[1:3] == ["-m", "minipar.torchrun"]    # what the tests run
     flags = [t for t in shlex.split(line.group(1)) if t.startswith("--")]
     tested = [t for t in agent_cmd(0, 0, 2, [])[3:] if t.startswith("--")]
     assert flags == tested
+
+
+# ------------------------------------------------------------ heartbeats through a store
+def test_heartbeats_name_a_silent_rank_at_once_and_a_rank_that_never_joined(monkeypatch, free_port):
+    """Two ranks' heartbeats in one process, through a store like torchrun's. Rank 1 stops
+    beating: rank 0's watch names it within a few periods, long before any collective
+    timeout, the roll call after a failure calls it lost, and silent for a whole collective
+    timeout it ends the job. A rank that beats but never joined the collective its peer
+    timed out in is named as that; a rank that is done (stop()) is not taken for hung."""
+    import torch.distributed as dist
+    from minipar.heartbeat import Heartbeat
+    master = dist.TCPStore("127.0.0.1", free_port, is_master=True, wait_for_workers=False)  # noqa: F841
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port))
+    fast = dict(period_s=0.1, silent_s=1.0, roll_call_s=0.5, collective_timeout_s=600)
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "beating")
+    beats = [Heartbeat(r, 2, **fast) for r in range(2)]
+    timeout = RuntimeError("[gloo] Timed out waiting 600000ms for recv operation to complete")
+    line = beats[0].explain(timeout).splitlines()[0]
+    assert "timed out waiting for rank 1 on node" in line and "never joined" in line, line
+    assert not beats[0].warnings
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "silent")
+    watcher, silent = Heartbeat(0, 2, **fast), Heartbeat(1, 2, **fast)
+    hangs = []
+    watcher.hang = lambda *a: hangs.append(a)      # instead of ending this process
+    deadline = time.monotonic() + 60
+    while watcher.store.add("beat/1", 0) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    silent._stop.set()                     # rank 1 hangs: no beat (not stop(): "I am done")
+    while not watcher.warnings:
+        assert time.monotonic() < deadline, "the silent rank was never named"
+        time.sleep(0.05)
+    [warning] = watcher.warnings
+    assert "rank 1 on node" in warning and "collective timeout (600 s)" in warning
+    assert "lost rank 1 on node" in watcher.explain(timeout)
+    assert not hangs                       # 600 s: the job goes on
+    watcher.collective_timeout_s = 2.0     # silent for a whole timeout: the job ends
+    while not hangs:
+        assert time.monotonic() < deadline, "a rank silent for the timeout did not end the job"
+        time.sleep(0.05)
+    assert hangs[0][0] == 1 and hangs[0][2] >= 2.0
+    # a rank that is done says so (stop()): silent from then on, but not hung
+    watcher.stop()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "done")
+    watcher, done = Heartbeat(0, 2, **{**fast, "collective_timeout_s": 2.0}), Heartbeat(1, 2, **fast)
+    hangs = []
+    watcher.hang = lambda *a: hangs.append(a)
+    while watcher.store.add("beat/1", 0) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    done.stop()
+    time.sleep(3.0)
+    assert not watcher.warnings and not hangs and watcher._thread.is_alive()
+    for b in [*beats, watcher, silent]:
+        b.stop()

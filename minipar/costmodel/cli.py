@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = LLAMA3_EFFICIENCY
     g.add_argument("--dense-efficiency", type=float, default=e.dense)
     g.add_argument("--attention-efficiency", type=float, default=e.attention)
-    g.add_argument("--network-efficiency", type=float, default=e.network)
+    g.add_argument("--network-efficiency", type=float, default=e.network,
+                   help="fraction of NVLink's bandwidth collectives reach inside a server")
+    g.add_argument("--network-inter-efficiency", type=float, default=e.network_inter,
+                   help="the same fraction for the NICs across servers")
     p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
     return p
 
@@ -262,9 +265,11 @@ def main(argv=None) -> int:
     try:
         model, cluster, parallel, work = config_from_args(args)
         eff = replace(LLAMA3_EFFICIENCY, dense=args.dense_efficiency,
-                      attention=args.attention_efficiency, network=args.network_efficiency)
+                      attention=args.attention_efficiency, network=args.network_efficiency,
+                      network_inter=args.network_inter_efficiency)
         for flag, value in (("--dense-efficiency", eff.dense), ("--attention-efficiency", eff.attention),
-                            ("--network-efficiency", eff.network)):
+                            ("--network-efficiency", eff.network),
+                            ("--network-inter-efficiency", eff.network_inter)):
             if not 0 < value <= 1:
                 raise ConfigError(f"{flag} {value} must be in (0, 1]")
         e = estimate(model, parallel, cluster, work.seq_len, global_batch=work.global_batch,

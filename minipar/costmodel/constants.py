@@ -31,19 +31,28 @@ class Efficiency:
                700 W H100 sustains ~65-75% of its 989 TFLOP/s data-sheet number.
     attention: fraction of the peak flash attention approaches on long blocks, forward and
                backward, on the FLOPs it really does (half the causal square).
-    network:   fraction of a link's bandwidth a collective achieves (nccl-tests' "bus
-               bandwidth" over the link rate).
+    network:   fraction of NVLink's bandwidth a collective inside a server achieves
+               (nccl-tests' "bus bandwidth" over the link rate).
+    network_inter: the same fraction for the NICs across servers (RDMA over a switched
+               fabric reaches less of its line rate than NVLink does).
     overhead:  fraction of each micro-batch's compute lost to what this model does not
-               count (launch gaps, synchronisation, stragglers, Python).
+               count (launch gaps, synchronisation, stragglers, Python). Not fitted (0):
+               a free fudge factor would hide what the physics misses.
     """
 
     dense: float = 0.7
     attention: float = 0.4
     network: float = 0.8
-    overhead: float = 0.1
+    overhead: float = 0.0
+    network_inter: float = 0.8
+
+    @property
+    def links(self) -> tuple[float, float]:
+        """(inside a server, across servers): what `hardware.axis_seconds` takes."""
+        return self.network, self.network_inter
 
 
-FITTED = ("dense", "attention", "network", "overhead")
+FITTED = ("dense", "attention", "network", "network_inter")
 CONSTANTS_FILE = Path(__file__).parent / "data" / "constants.json"
 
 

@@ -10,15 +10,16 @@ Chapter "Four dimensions at once". A collective's time is the alpha-beta model o
   (Llama 3's) and Ulysses' all-to-alls are waited for.
 * PP: p-1 sends each way while the pipeline fills and drains; in the steady state a send
   hides behind the next chunk unless it is slower.
-* DP: gradients are final only during the last micro-batch's backward, updated weights
-  are needed by the first forward (ZeRO-2/3 reduce or gather every micro-batch).
+* DP: gradients are final only during the last micro-batch's backward (in an interleaved
+  pipeline, the later chunks' already during the drain), updated weights are needed by
+  the first forward (ZeRO-2/3 reduce or gather every micro-batch).
 """
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
-from ..formulas import (cp_hops, cp_kv_bytes, cp_layer_bytes, tp_layer_bytes, ulysses_kv_heads,
-                        wire_bytes)
-from .constants import Efficiency, Precision
+from ..formulas import (cp_hops, cp_kv_bytes, cp_layer_bytes, local_param_count,
+                        tp_layer_bytes, ulysses_kv_heads, wire_bytes)
+from .constants import BF16_MIXED, Efficiency, Precision
 from .hardware import Cluster, axis_seconds
 from .workload import Workload
 
@@ -36,7 +37,7 @@ def tp_collective_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Clust
     nbytes = tp_layer_bytes(tokens, model.dim, pc.tp, precision.act_bytes, work.recompute, pc.sp)
     op = "all_gather" if pc.sp else "all_reduce"
     calls = 2 * n_ops if pc.sp else n_ops          # SP: AG + RS for each all-reduce
-    return axis_seconds(nbytes, "tp", pc, cluster, eff.network, op, calls) / (2 * n_ops)
+    return axis_seconds(nbytes, "tp", pc, cluster, eff.links, op, calls) / (2 * n_ops)
 
 
 def tp_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
@@ -66,14 +67,14 @@ def cp_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: W
         kv = cp_kv_bytes(tokens, kv_heads, model.head_dim, precision.act_bytes)
         nbytes = cp_layer_bytes(kv, pc.cp, "ulysses", work.recompute, q_heads // kv_heads)
         passes = 3 if work.recompute == "full" else 2
-        return axis_seconds(nbytes, "cp", pc, cluster, eff.network, "all_to_all", 3 * passes)
+        return axis_seconds(nbytes, "cp", pc, cluster, eff.links, "all_to_all", 3 * passes)
     kv = cp_kv_bytes(tokens, kv_heads, model.head_dim, precision.act_bytes)
     nbytes = cp_layer_bytes(kv, pc.cp, pc.cp_impl, work.recompute)
     if pc.cp_impl == "allgather":
         calls = 2 + (1 if work.recompute == "full" else 0)
-        return axis_seconds(nbytes, "cp", pc, cluster, eff.network, "all_gather", calls)
+        return axis_seconds(nbytes, "cp", pc, cluster, eff.links, "all_gather", calls)
     hops = cp_hops(pc.cp, "ring", work.recompute)
-    t = axis_seconds(nbytes, "cp", pc, cluster, eff.network, "send", hops)
+    t = axis_seconds(nbytes, "cp", pc, cluster, eff.links, "send", hops)
     return max(0.0, t - t_attention)        # K,V of the next block travel meanwhile
 
 
@@ -85,20 +86,20 @@ def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster
     if pc.pp == 1:
         return 0.0
     size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
-    t_p2p = axis_seconds(size, "pp", pc, cluster, eff.network, "send", 1)
+    t_p2p = axis_seconds(size, "pp", pc, cluster, eff.links, "send", 1)
     chunk = t_mb / pc.virtual_stages
     m = work.microbatches(pc)
     return 2 * (pc.pp - 1) * t_p2p + 2 * m * pc.virtual_stages * max(0.0, t_p2p - chunk)
 
 
 def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,
-                       t_mb: float) -> float:
+                       t_mb: float, drain: float = 0.0) -> float:
     """DP time that sticks out of the step. Gradients are final only during the last
-    micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind;
-    the updated weights can be prefetched during the first forward (1/3). ZeRO-2 reduces
-    every micro-batch behind its own backward, ZeRO-3 also gathers the weights every time.
-    Naive DP (no buckets) overlaps nothing."""
-    backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb, 1 / 3 * t_mb)
+    micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind,
+    plus `drain` (`pipeline_drain_seconds`); the updated weights can be prefetched during
+    the first forward (1/3). ZeRO-2 reduces every micro-batch behind its own backward,
+    ZeRO-3 also gathers the weights every time. Naive DP (no buckets) overlaps nothing."""
+    backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb + drain, 1 / 3 * t_mb)
 
     def exposed(t, window):
         return max(0.0, t - window)
@@ -112,6 +113,24 @@ def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t
     return m * (exposed(t_ag, forward) + exposed(t_ag + t_rs, backward))
 
 
+def pipeline_drain_seconds(pp: int, v: int, t_mb: float) -> float:
+    """Extra time to hide DP's reduction in an interleaved pipeline: a rank's later chunks
+    finish their last backward while the pipeline drains, so their gradients' reduction
+    runs in the drain's idle time, about half the bubble, (p-1) t_mb / (2v), all chunks but
+    the first. A plain 1F1B rank has one chunk: its gradients are final only at its very
+    last backward, and nothing is gained."""
+    if pp == 1 or v == 1:
+        return 0.0
+    return (v - 1) / v * (pp - 1) * t_mb / (2 * v)
+
+
+def fsdp_unit_mb(model: ModelConfig, tp: int, precision: Precision = BF16_MIXED) -> float:
+    """MB of gradients of one transformer layer on one TP rank: FSDP's unit, the size of
+    each of its reduce-scatters and all-gathers (Llama 3 wraps each layer). Large messages
+    keep the rings of a DP group of hundreds of servers bandwidth-bound, not latency-bound."""
+    return local_param_count(model, tp, 1, False, False) * precision.grad_bytes / 1e6
+
+
 def dp_collective_seconds(params: float, pc: ParallelConfig, cluster: Cluster,
                           precision: Precision, eff: Efficiency) -> tuple[float, float]:
     """(reduce-scatter of the gradients, all-gather of the weights) of `params` parameters
@@ -119,7 +138,10 @@ def dp_collective_seconds(params: float, pc: ParallelConfig, cluster: Cluster,
     n = pc.dp * pc.cp
     grad_bytes = params * precision.grad_bytes
     buckets = max(1.0, grad_bytes / (pc.bucket_mb * 1e6)) if pc.bucket_mb > 0 else 1.0
+    if pc.zero == 0:     # one all-reduce (a tree across servers), counted as 2 x t_rs
+        ar = wire_bytes("all_reduce", n, int(grad_bytes))
+        return axis_seconds(ar, "dp", pc, cluster, eff.links, "all_reduce", buckets) / 2, 0.0
     rs = wire_bytes("reduce_scatter", n, int(grad_bytes))
     ag = wire_bytes("all_gather", n, int(params * precision.param_bytes))
-    return (axis_seconds(rs, "dp", pc, cluster, eff.network, "reduce_scatter", buckets),
-            axis_seconds(ag, "dp", pc, cluster, eff.network, "all_gather", buckets))
+    return (axis_seconds(rs, "dp", pc, cluster, eff.links, "reduce_scatter", buckets),
+            axis_seconds(ag, "dp", pc, cluster, eff.links, "all_gather", buckets))

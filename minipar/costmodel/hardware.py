@@ -85,12 +85,22 @@ def group_bandwidth_GBps(cluster: Cluster, stride: int, size: int, world: int,
     span = stride * size if span is None else span
     if span <= cluster.gpus_per_node:
         return cluster.intra_node_GBps
-    nic = cluster.inter_node_GBps
+    # Rails: NCCL runs one ring (channel) per NIC, so a group with g members in each server
+    # crosses servers on g NICs at once: g x NIC per ring member, never more than NVLink.
+    nic = min(cluster.intra_node_GBps, rail_members(cluster, stride, size) * cluster.inter_node_GBps)
     if span <= cluster.pod_size:
         return nic
     rings = min(world // size, cluster.pod_size)
     uplink = cluster.pod_size * nic / cluster.pod_oversubscription
     return min(nic, uplink / rings)
+
+
+def rail_members(cluster: Cluster, stride: int, size: int) -> int:
+    """Members of one group (`size` ranks `stride` apart) inside each server: 8 for a TP16
+    group of consecutive GPUs, 2 for a DP group of TP4 replicas, 1 for Llama 3's DP."""
+    if stride >= cluster.gpus_per_node:
+        return 1
+    return max(1, min(size, cluster.gpus_per_node // stride))
 
 
 def dp_group_span(pc: ParallelConfig) -> int:
@@ -115,30 +125,36 @@ def collective_steps(op: str, n: int, inter_node: bool) -> float:
 
     Inside a server NCCL runs rings: an all-reduce is 2(n-1) steps, an all-gather or
     reduce-scatter (or all-to-all) n-1. Across servers a ring's n-1 steps would each pay a
-    network round trip, so NCCL switches to trees for large n: log2 n steps up and down
-    (the bandwidth term stays the ring's: double binary trees reach the same bytes/s).
-    A send is one step.
+    network round trip, so for an all-reduce NCCL switches to trees for large n: log2 n
+    steps up and down (the bandwidth term stays the ring's: double binary trees reach the
+    same bytes/s). All-gather and reduce-scatter have no tree in NCCL: they stay rings of
+    n-1 steps at any scale, which is what makes ZeRO's collectives over many servers
+    latency-bound when the buckets are small. A send is one step.
     """
     if n <= 1:
         return 0.0
     if op == "send":
         return 1.0
-    per_pass = min(n - 1, math.ceil(math.log2(n))) if inter_node else n - 1
+    tree = inter_node and op == "all_reduce"
+    per_pass = min(n - 1, math.ceil(math.log2(n))) if tree else n - 1
     return 2.0 * per_pass if op == "all_reduce" else float(per_pass)
 
 
 def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
-                 network: float, op: str | None = None, calls: float = 0) -> float:
+                 network: float | tuple[float, float], op: str | None = None,
+                 calls: float = 0) -> float:
     """Seconds `nbytes` (wire bytes, all `calls` together) take through one group of `axis`:
     the alpha-beta model, bytes / (`network` x the group's bandwidth) plus `calls`
+    (`network`: one fraction, or (inside a server, across servers) as `Efficiency.links`)
     collectives `op` of `collective_steps` each, every step paying its level's latency
     (NVLink inside a server, the NIC's across servers)."""
     stride, size, span = axis_group(pc, axis)
     if size <= 1 or nbytes == 0:
         return 0.0
-    bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * network
     span = stride * size if span is None else span
     inter = span > cluster.gpus_per_node
+    intra_eff, inter_eff = network if isinstance(network, tuple) else (network, network)
+    bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * (inter_eff if inter else intra_eff)
     alpha = (cluster.nic_latency_us if inter else cluster.nvlink_latency_us) * 1e-6
     steps = calls * collective_steps(op, size, inter) if op else 0.0
     return nbytes / (bw * 1e9) + steps * alpha

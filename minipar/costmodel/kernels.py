@@ -51,6 +51,11 @@ def layer_linears(model: ModelConfig, tp: int) -> dict[str, tuple[float, float]]
             "gate_up": (h, 2 * f / tp), "down": (f / tp, h)}
 
 
+def layer_params(model: ModelConfig, tp: int) -> float:
+    """Weights of one block's linears as one of `tp` ranks holds them."""
+    return sum(d_in * d_out for d_in, d_out in layer_linears(model, tp).values())
+
+
 def layer_matmul_seconds(model: ModelConfig, tokens: float, tp: int, cluster: Cluster,
                          efficiency: float) -> dict[str, tuple[float, float]]:
     """{linear: (forward, backward) seconds} of one block's weight matmuls, one micro-batch."""

@@ -2,7 +2,8 @@
 
 Chapter "Four dimensions at once". Exhaustive over a pruned space: TP, CP, PP powers of two
 (TP within one server, CP only while each rank keeps >= 1,024 tokens), DP the rest; 1F1B or
-interleaved with 2, 4 or 8 chunks; micro-batches of 1, 2 or 4 sequences. Two knobs are not
+interleaved with 2, 4 or 8 chunks; micro-batches of 1, 2 or 4 sequences; gradients reduced
+one layer at a time (`exposure.fsdp_unit_mb`, as FSDP does). Two knobs are not
 searched but *chosen*, because they only ever cost time: the least activation recomputation
 (none, selective, full) and the lowest ZeRO stage (1, then 3) that make the layout fit in
 memory. For each of the best layouts `limiting_term` names the largest loss and what the
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from ..config import ConfigError, ModelConfig, ParallelConfig
 from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
 from .defaults import largest_tp
+from .exposure import fsdp_unit_mb
 from .hardware import Cluster
 from .memory import memory_per_gpu
 from .time import Estimate, estimate
@@ -73,6 +75,7 @@ def layouts(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int,
                                        if pp > 1 and pp * v <= model.n_layers + 2 and m % pp == 0])
             for schedule, v in chunks:
                 yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1,
+                                     bucket_mb=fsdp_unit_mb(model, tp),
                                      tp_overlap=tp_overlap and tp > 1, schedule=schedule,
                                      virtual_stages=v, microbatches=m, cp_impl="allgather"), mbs
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from ..config import ModelConfig, ParallelConfig
 from .constants import LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency
+from .exposure import fsdp_unit_mb
 from .hardware import LLAMA3_CLUSTER
 from .time import Estimate, estimate
 
@@ -29,9 +30,12 @@ class Table4Row:
         """The layout as we read the paper: interleaved 1F1B with one layer per chunk
         (v = 128 / 16 = 8: "the first model chunk on the first stage has only the
         embedding"), ZeRO-1-like FSDP (fp32 gradients reduce-scattered once per step),
-        sequence parallelism, all-gather context parallelism."""
+        sequence parallelism, all-gather context parallelism; FSDP reduces and gathers one
+        layer at a time (`fsdp_unit_mb`), not in 25 MB buckets."""
+        model = ModelConfig.preset("llama3-405b")
         return ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=1, sp=True,
-                              schedule="interleaved", virtual_stages=8, cp_impl="allgather")
+                              schedule="interleaved", virtual_stages=8, cp_impl="allgather",
+                              bucket_mb=fsdp_unit_mb(model, self.tp))
 
 
 TABLE4 = (

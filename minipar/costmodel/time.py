@@ -24,13 +24,13 @@ from ..config import ConfigError, ModelConfig, ParallelConfig
 from ..formulas import (bubble_fraction, tp_cross_entropy_bytes, tp_embedding_bytes,
                         tp_head_bytes, tp_norm_bytes)
 from . import kernels
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, MEMORY_BOUND_EFFICIENCY, Efficiency, Precision
 from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds,
-                       p2p_exposed_seconds, tp_exposed_seconds)
+                       p2p_exposed_seconds, pipeline_drain_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
 from .memory import memory_per_gpu, param_total_local
 from .wire import comm_bytes_per_gpu
-from .workload import Workload, layout_problems, make_workload
+from .workload import Workload, layout_problems, make_workload, stage_loads
 
 
 @dataclass
@@ -82,25 +82,40 @@ def estimate(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
 
 def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, cluster: Cluster,
                     eff: Efficiency) -> dict[str, float]:
-    """Compute of one micro-batch on one GPU of a balanced pipeline, by kernel kind:
-    {"matmul", "attention", "elementwise", "overhead"} seconds, and the per-linear times
-    ("linears": {name: (forward, backward)} of one block) that TP overlap hides behind."""
+    """Compute of one micro-batch on one GPU, by kernel kind:
+    {"matmul", "attention", "elementwise", "overhead"} seconds of the pipeline rank that
+    sets the pace (`pace_stage`), the per-linear times ("linears": {name: (forward,
+    backward)} of one block) that TP overlap hides behind, and that rank's "layers"."""
     tokens = work.tokens_per_microbatch(pc)
-    layers = model.n_layers / pc.pp                  # a balanced pipeline, as Llama 3's
     linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster, eff.dense)
     head = sum(kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster, eff.dense))
-    matmul = layers * sum(f + b for f, b in linears.values()) + head / pc.pp
-    attention = layers * kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp,
-                                                   cluster, eff.attention)
-    elementwise = layers * kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster)
+    attention = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp,
+                                          cluster, eff.attention)
+    elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster)
+    per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
+    layers, head_share = pace_stage(model, pc, work, per_layer, head)
+    matmul = layers * sum(f + b for f, b in linears.values()) + head * head_share
+    attention, elementwise = layers * attention, layers * elementwise
     if work.recompute == "full":                     # the forward again: a third of the work
         matmul += layers * sum(f for f, _ in linears.values())
         elementwise *= 4 / 3
     if work.recompute in ("selective", "full"):
         attention *= 4 / 3
+    # Gradient accumulation over micro-batches: each backward adds its bf16 weight gradients
+    # into the fp32 buffer (read 2 + 4 bytes, write 4), a memory-bound pass per micro-batch.
+    if work.microbatches(pc) > 1:
+        params = layers * kernels.layer_params(model, pc.tp)
+        elementwise += params * 10.0 / (MEMORY_BOUND_EFFICIENCY * cluster.hbm_Bps)
     out = {"matmul": matmul, "attention": attention, "elementwise": elementwise}
     out["overhead"] = eff.overhead * sum(out.values())
-    return {**out, "linears": linears}
+    return {**out, "linears": linears, "layers": layers}
+
+
+def pace_stage(model: ModelConfig, pc: ParallelConfig, work: Workload, per_layer: float,
+               head: float) -> tuple[float, float]:
+    """(layers, head share) of the pipeline rank with the most seconds of compute: in a
+    pipeline every rank waits for the slowest (`workload.stage_loads`)."""
+    return max(stage_loads(model, pc.pp, work.stage_split), key=lambda s: s[0] * per_layer + s[1] * head)
 
 
 def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
@@ -110,13 +125,12 @@ def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
     (the first and last stage's extras, embedding, head and loss, spread over the pp ranks)."""
     h, act = model.dim, precision.act_bytes
     tokens = work.tokens_per_microbatch(pc)
-    layers = model.n_layers / pc.pp
     parts = compute_seconds(model, pc, work, cluster, eff)
-    linears = parts.pop("linears")
+    linears, layers = parts.pop("linears"), parts.pop("layers")
     t_tp = layers * tp_exposed_seconds(model, pc, cluster, work, precision, eff, linears)
     ends = (tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
             + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
-    t_tp += axis_seconds(ends, "tp", pc, cluster, eff.network, "all_reduce", 5 / pc.pp)
+    t_tp += axis_seconds(ends, "tp", pc, cluster, eff.links, "all_reduce", 5 / pc.pp)
     t_att = parts["attention"] / layers
     t_cp = layers * cp_seconds(model, pc, cluster, work, precision, eff, t_att)
     return {"compute": sum(parts.values()), "attention": parts["attention"], "tp": t_tp, "cp": t_cp}
@@ -130,12 +144,13 @@ def step_extras(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: 
     params = param_total_local(model, pc.tp) / pc.pp
     t_rs, t_ag = dp_collective_seconds(params, pc, cluster, precision, eff)
     naive = pc.bucket_mb == 0 and pc.zero < 3
-    t_dp = dp_exposed_seconds(pc.zero, naive, work.microbatches(pc), t_rs, t_ag, t_mb)
+    drain = pipeline_drain_seconds(pc.pp, pc.virtual_stages, t_mb)
+    t_dp = dp_exposed_seconds(pc.zero, naive, work.microbatches(pc), t_rs, t_ag, t_mb, drain)
     norms = 0.0
     if pc.sp:
         nbytes = tp_norm_bytes(round(model.n_layers / pc.pp), False, model.dim, pc.tp,
                                precision.grad_bytes)
-        norms = axis_seconds(nbytes, "tp", pc, cluster, eff.network, "all_reduce", 1)
+        norms = axis_seconds(nbytes, "tp", pc, cluster, eff.links, "all_reduce", 1)
     shards = pc.dp * pc.cp if pc.zero >= 1 else 1
     return {"dp": t_dp, "tp_norms": norms,
             "optimizer": kernels.optimizer_seconds(params / shards, cluster)}
@@ -171,4 +186,4 @@ def wire_seconds(e: Estimate, axis: str, cluster: Cluster,
                  efficiency: Efficiency = LLAMA3_EFFICIENCY) -> float:
     """Seconds pipeline rank 0's bytes of `axis` (`e.comm_bytes_per_gpu`) take at its group's
     bandwidth: the time each axis would cost if nothing overlapped it."""
-    return axis_seconds(e.comm_bytes_per_gpu[axis], axis, e.parallel, cluster, efficiency.network)
+    return axis_seconds(e.comm_bytes_per_gpu[axis], axis, e.parallel, cluster, efficiency.links)

@@ -22,6 +22,7 @@ class Workload:
     global_batch: int
     microbatch_size: int = 1
     recompute: str = "none"
+    stage_split: str = "even"       # how layers go to pipeline stages (`stage_loads`)
 
     @property
     def tokens(self) -> int:
@@ -94,3 +95,42 @@ def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload
         out.append(f"--pp {pp} x --virtual-stages {v} = {pp * v} stages exceeds "
                    f"n_layers + 2 = {n_layers + 2} (embedding and head may take a stage each)")
     return list(dict.fromkeys(out))
+
+
+STAGE_SPLITS = ("even", "nanotron")
+
+
+def block_costs(model: ModelConfig) -> tuple[float, float]:
+    """(a transformer block, the LM head) in nanotron's units: the weights each multiplies,
+    4 h^2 + 3 h f for a block (attention as if every head had its own K/V) and V h for the head."""
+    h = model.dim
+    return 4.0 * h * h + 3.0 * h * model.ffn_dim, float(model.vocab_size * h)
+
+
+def nanotron_split(model: ModelConfig, pp: int) -> list[tuple[int, int]]:
+    """(blocks, heads) of each pipeline rank as nanotron assigns them: blocks in order
+    (embedding, the layers, the head), each to the current rank, which is closed once the
+    running cost passes rank r's share (r + 1) / pp of the total."""
+    block, head = block_costs(model)
+    costs = [block] * model.n_layers + [head]
+    total, running, rank = sum(costs), 0.0, 0
+    out = [[0, 0] for _ in range(pp)]
+    for i, c in enumerate(costs):
+        running += c
+        out[rank][1 if i == model.n_layers else 0] += 1
+        if running > total * (rank + 1) / pp and rank < pp - 1:
+            rank += 1
+    return [tuple(x) for x in out]
+
+
+def stage_loads(model: ModelConfig, pp: int, split: str = "even") -> list[tuple[float, float]]:
+    """(layers, share of the LM head) of each pipeline rank. "even": n_layers / pp and 1/pp
+    of the head on every rank, Llama 3's balance (embedding and head in stages of their
+    own, 126 layers + 2 on 128 chunks). "nanotron": `nanotron_split` (80 layers + head on
+    16 ranks: two ranks hold 6 layers, not 5). The busiest rank sets the pipeline's pace
+    (`time.compute_seconds` weighs each by its seconds)."""
+    if split not in STAGE_SPLITS:
+        raise ConfigError(f"stage split {split!r} is unknown; choose one of {', '.join(STAGE_SPLITS)}")
+    if split == "even" or pp == 1:
+        return [(model.n_layers / pp, 1.0 / pp)]
+    return [(float(n), float(h)) for n, h in nanotron_split(model, pp)]

@@ -1,7 +1,147 @@
-"""The exercises of the cluster chapter, checked (see core.py for how)."""
+"""The exercises of the cluster chapter, checked (see core.py for how): which link each
+axis crosses, a rank-to-coordinates mapping with a bug, the exposed time of a trace, and a
+prediction of the bytes that leave a server, checked by a run."""
 from __future__ import annotations
 
-from .core import Verdict, exercise, number  # noqa: F401 - the chapter's checks use these
+import functools
+
+from ... import profile
+from ...config import ParallelConfig
+from ...costmodel.hardware import LLAMA3_CLUSTER, Cluster
+from ...grid import AXES, ProcessGrid
+from ...train import TrainConfig, train
+from ... import placement as place
+from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, right,
+                   wrong)
+
+
+@exercise("cluster", "number")
+def check_axis_links(answer, tp=8, cp=1, pp=16, dp=64) -> Verdict:
+    """answer: {axis: link} for every axis of size > 1, link one of "NVLink", "rail",
+    "spine", "across pods": the slowest link its rings cross on Llama 3's server and pod
+    sizes, wired rail-optimized."""
+    if answer is None:
+        return Verdict(None, NOT_ANSWERED)
+    want = place.placement(tp, cp, pp, dp)
+    if not isinstance(answer, dict) or set(answer) != set(want):
+        return wrong(f"give a dict with one entry per axis of size > 1: {sorted(want)}.")
+    for axis, got in answer.items():
+        if got not in place.LINKS:
+            return wrong(f"{axis}: {got!r} is not one of {place.LINKS}.")
+        if got != want[axis]:
+            faster = place.LINKS.index(got) < place.LINKS.index(want[axis])
+            return wrong(f"{axis}: its rings cross a {'slower' if faster else 'faster'} link "
+                         f"than {got!r}. Which GPUs does one of its groups occupy?")
+    return right(f"(tp={tp} cp={cp} pp={pp} dp={dp})")
+
+
+# ------------------------------------------------------------- a mapping with a bug
+def broken_coords_of(rank: int, tp: int, cp: int, pp: int, dp: int) -> dict:
+    """The notebook's broken version: peels DP off first, as if DP were innermost."""
+    out = {}
+    for axis, size in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp)):
+        out[axis] = rank % size
+        rank //= size
+    return out
+
+
+LAYOUTS = [(2, 1, 2, 2), (8, 1, 2, 2), (2, 2, 2, 2), (4, 2, 1, 3), (1, 1, 4, 2)]
+
+
+@exercise("cluster", "bug")
+def check_coords_of(coords_of) -> Verdict:
+    """coords_of(rank, tp, cp, pp, dp) -> {"tp", "cp", "pp", "dp"}: each rank's coordinates
+    in the [TP, CP, PP, DP] order, checked against ProcessGrid on every rank of several
+    layouts (uneven sizes among them)."""
+    problem = function_given(coords_of)
+    if problem is not None:
+        return problem
+    for tp, cp, pp, dp in LAYOUTS:
+        grid = ProcessGrid(tp, cp, pp, dp)
+        for r in range(grid.world_size):
+            want = grid.coords(r)
+            try:
+                got = dict(coords_of(r, tp, cp, pp, dp))
+            except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+                return wrong(f"coords_of({r}, {tp}, {cp}, {pp}, {dp}) raised {type(e).__name__}: {e}")
+            if any(got.get(a) != want[a] for a in AXES):
+                tp_group = [q for q in range(grid.world_size)
+                            if _same_but(coords_of, q, r, "tp", (tp, cp, pp, dp))]
+                return wrong(f"tp={tp} cp={cp} pp={pp} dp={dp}: rank {r} -> {got}, expected "
+                             f"{want}. With your mapping rank {r}'s TP group is {tp_group}: "
+                             f"on servers of {tp} GPUs, does it stay on one?")
+    return right(f"every rank of {len(LAYOUTS)} layouts has ProcessGrid's coordinates: TP "
+                 "innermost, so a TP group is consecutive GPUs, one server.")
+
+
+def _same_but(coords_of, q, r, axis, sizes) -> bool:
+    a, b = dict(coords_of(q, *sizes)), dict(coords_of(r, *sizes))
+    return all(a.get(x) == b.get(x) for x in AXES if x != axis)
+
+
+# ------------------------------------------------------------- exposed time from a trace
+CASES = [   # (compute intervals, communication intervals) in microseconds
+    ([(0, 10)], [(2, 4)]),                       # hidden entirely
+    ([(0, 10)], [(8, 14)]),                      # half out: exposed 4
+    ([(0, 5), (7, 12)], [(3, 9)]),               # a gap in the middle: exposed 2
+    ([(0, 10)], [(12, 15), (13, 16)]),           # two lanes overlap: count the union once
+    ([], [(0, 3), (1, 2)]),                      # nothing to hide behind
+    ([(0, 4), (2, 8)], [(1, 9), (9, 11)]),       # overlapping compute spans too
+]
+
+
+def reference_exposed(compute, comm) -> float:
+    """The time in `comm` not covered by `compute`: profile's union, subtract and length."""
+    return profile.length(profile.subtract(profile.union(comm), profile.union(compute)))
+
+
+@exercise("cluster", "implement")
+def check_exposed(exposed) -> Verdict:
+    """exposed(compute, comm) -> float: given a rank's compute intervals and one axis'
+    communication intervals [(start, end), ...], the communication time during which the
+    rank computed nothing (what `profile.hidden_and_exposed` calls exposed)."""
+    problem = function_given(exposed)
+    if problem is not None:
+        return problem
+    for compute, comm in CASES:
+        want = reference_exposed(compute, comm)
+        try:
+            got = float(exposed(list(compute), list(comm)))
+        except Exception as e:   # noqa: BLE001
+            return wrong(f"exposed({compute}, {comm}) raised {type(e).__name__}: {e}")
+        if abs(got - want) > 1e-9:
+            return wrong(f"exposed({compute}, {comm}) = {got:g}, expected {want:g}. Do "
+                         f"overlapping spans count once? Does a gap in the compute expose?")
+    return right(f"{len(CASES)} traces, overlapping lanes and gaps included.")
+
+
+# ------------------------------------------------------------- bytes that leave a server
+@functools.cache
+def _rank0_comm(tp: int, dp: int) -> dict:
+    """CommLog's summary of rank 0 after one step of `tiny` (one run per layout)."""
+    out = train(TrainConfig(parallel=ParallelConfig(tp=tp, dp=dp), steps=1, progress=False))
+    return out["all"][0]["comm"]
+
+
+@exercise("cluster", "predict")
+def check_bytes_leaving_server(prediction, tp: int = 2, dp: int = 2,
+                               gpus_per_node: int = 2) -> Verdict:
+    """Predict the wire bytes rank 0 sends per step over links that leave its server, for
+    `tiny` under --tp tp --dp dp on servers of `gpus_per_node`; then run one step and add
+    the bytes CommLog counted on every axis whose group leaves rank 0's server."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    comm = _rank0_comm(tp, dp)
+    grid = ProcessGrid(tp=tp, dp=dp)
+    cluster = Cluster(gpus_per_node=gpus_per_node, pod_size=LLAMA3_CLUSTER.pod_size)
+    leaving = {a for a in ("tp", "dp", "world")
+               if any(place.link(0, r, cluster) != "NVLink" for r in grid.axes[a].ranks)}
+    sent = sum(st["wire_bytes"] for axis, ops in comm.items()
+               if axis in leaving for st in ops.values())
+    verdict = predicted(prediction, sent, "bytes leaving the server", 1e-4,
+                        "the loss and gradient-norm scalars cross too: a few bytes")
+    verdict.message += f" Axes that left the server: {sorted(leaving)}."
+    return verdict
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

@@ -1,11 +1,34 @@
-"""The exercises of the context parallelism chapter, checked (see core.py for how)."""
+"""The exercises of the context parallelism chapter, checked (see core.py for how).
+
+The code exercises run on real gloo ranks against one device's attention, at every step of
+a short sequence of inputs, and report step, rank, tensor, first wrong element and largest
+difference. The fixtures are chosen to catch the usual bugs: the LSE merge sees scores
+large enough that a naive exp(lse) overflows float32, and grouped-query heads; the zigzag
+layout is checked for coverage and balance before it runs, because a wrong zigzag can
+still give exact attention (the ring computes whatever pairs the mask keeps) while one
+rank does most of the work.
+"""
 from __future__ import annotations
 
-import torch
+import math
 
-from ...grid import Axis
-from ...parallel.context import attention_work, contiguous_chunks, shard_for_context_parallel
-from .core import Verdict, exercise, function_given, number, right, wrong
+import torch
+import torch.distributed as dist
+
+from ...config import ModelConfig, ParallelConfig
+from ...formulas import cp_wire_bytes_per_step
+from ...grid import Axis, ProcessGrid
+from ...model import causal_attention
+from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
+                                 local_positions, ring_attention, shard_for_context_parallel)
+from ...parallel.regions import gather_from_group
+from ...train import TrainConfig, train
+from .core import (FLOAT32, NOT_ANSWERED, Tolerance, Verdict, at, exercise, first_difference, function_given, number,
+                   on_ranks, predicted, right, wrong)
+
+STEPS = 2              # step 1 scales the queries so that a naive exp(lse) overflows float32
+CP = 2                 # gloo ranks of the code checks
+PREDICT_RUN = dict(cp=2, cp_impl="allgather", seq_len=32, global_batch=8)   # the predict exercise
 
 
 @exercise("context_parallel", "number")
@@ -44,4 +67,165 @@ def check_zigzag(fn) -> Verdict:
     return right("your layout matches shard_for_context_parallel for every rank.")
 
 
-__all__ = [n for n in dir() if n.startswith("check_")]
+# ----------------------------------------------------------------- the LSE merge, on ranks
+def _attention_fixture(step: int, hq: int = 4, hkv: int = 2, s: int = 16, d: int = 8,
+                       big: float = 60.0):
+    """The same q [1, s, hq, d], k, v [1, s, hkv, d] and upstream gradient on every rank; at
+    step 1 the queries are scaled by `big`, so that the scores reach the hundreds."""
+    gen = torch.Generator().manual_seed(7 + step)
+    q, k, v = (torch.randn(1, s, h, d, generator=gen) for h in (hq, hkv, hkv))
+    dout = torch.randn(1, s, hq, d, generator=gen)
+    return q * (1.0 if step == 0 else big), k, v, dout
+
+
+def _full_attention(q, k, v, dout):
+    """One device, no mask: softmax(q k^T / sqrt d) v with each K/V head serving its group."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    kk, vv = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+    p = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, kk) / math.sqrt(q.shape[-1]), -1)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vv)
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _scaled(ref) -> Tolerance:
+    """Float32, relative to the tensor's largest element: with scores in the hundreds the
+    gradients are sums of large terms that cancel, and each term carries its own rounding."""
+    return Tolerance(1e-4 * max(1.0, ref.abs().max().item()), 1e-4,
+                     "float32, scores in the hundreds: 1e-4 of the tensor's largest element")
+
+
+def _merged_attention(merge_fn, q, k, v, axis):
+    """This rank's queries against every rank's K/V block (all-gathered, differentiable:
+    its backward reduce-scatters dK, dV), the blocks folded together by `merge_fn`."""
+    n_kv, d = k.shape[2], q.shape[-1]
+    qg = q.reshape(*q.shape[:2], n_kv, -1, d)
+    ks = gather_from_group(k.unsqueeze(0), axis, 0)
+    vs = gather_from_group(v.unsqueeze(0), axis, 0)
+    out, lse = block_forward(qg, ks[0], vs[0], diagonal=False, scale=d ** -0.5)
+    for j in range(1, axis.size):
+        o, l = block_forward(qg, ks[j], vs[j], diagonal=False, scale=d ** -0.5)
+        out, lse = merge_fn(out, lse, o, l)
+    return out.reshape(q.shape)
+
+
+def _merge_worker(fn):
+    grid = ProcessGrid(cp=dist.get_world_size(), rank=dist.get_rank()).init_groups()
+    axis = grid.cp
+    for step in range(STEPS):
+        q, k, v, dout = _attention_fixture(step)
+        want = _full_attention(q, k, v, dout)
+        rows = q.shape[1] // axis.size
+        mine = slice(axis.rank * rows, (axis.rank + 1) * rows)
+        ql, kl, vl = (t[:, mine].clone().requires_grad_() for t in (q, k, v))
+        out = _merged_attention(fn, ql, kl, vl, axis)
+        out.backward(dout[:, mine])
+        for name, got, ref in (("out", out, want[0]), ("dq", ql.grad, want[1]),
+                               ("dk", kl.grad, want[2]), ("dv", vl.grad, want[3])):
+            ref = ref[:, mine]
+            problem = at(step, axis.rank, first_difference(got, ref, name, _scaled(ref)))
+            if problem:
+                return problem
+    return None
+
+
+@exercise("context_parallel", "implement")
+def check_lse_merge(fn) -> Verdict:
+    """fn(out1, lse1, out2, lse2) -> (out, lse): two blocks' attention results, each
+    normalised over its own keys with its log-sum-exp, merged into the attention over both.
+    Run on 2 gloo ranks (all-gather attention, GQA heads) with autograd through it."""
+    return on_ranks(CP, _merge_worker, fn,
+        "your merge gives one device's attention and its gradients (dq, dk, dv) at every "
+        "step, including scores large enough to overflow a naive exp, on 2 gloo ranks.")
+
+
+# ----------------------------------------------------------------- find the bug: the zigzag
+def buggy_zigzag_chunks(rank: int, cp: int) -> tuple[int, int]:
+    """A load-balanced layout with a bug (the exercise): the two chunks (of 2*cp) rank holds."""
+    return rank, cp + rank
+
+
+def _layout_problem(layout) -> str | None:
+    """Coverage and balance, symbolically, before anything runs."""
+    for cp in (2, 3, 4, 8):
+        try:
+            held = [tuple(layout(r, cp)) for r in range(cp)]
+        except Exception as e:   # noqa: BLE001
+            return f"layout(rank, {cp}) raised {type(e).__name__}: {e}"
+        chunks = sorted(c for pair in held for c in pair)
+        if chunks != list(range(2 * cp)):
+            return f"at cp={cp} the ranks hold chunks {held}: not each of 0..{2 * cp - 1} once."
+        if any(a > b for a, b in held):
+            return f"at cp={cp} a rank holds {held}: list the early chunk first."
+        work = attention_work(2 * cp * 8, cp, layout)
+        if max(work) != min(work):
+            return (f"attention stays exact (every pair is computed once), but at cp={cp} the "
+                    f"work per rank is {work}: the busiest does {max(work) / min(work):.2f}x "
+                    f"the least busy.")
+    return None
+
+
+def _ring_worker(layout):
+    grid = ProcessGrid(cp=dist.get_world_size(), rank=dist.get_rank()).init_groups()
+    axis = grid.cp
+    for step in range(STEPS):
+        q, k, v, dout = _attention_fixture(step, big=1.0)
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = causal_attention(*ref)
+        want.backward(dout)
+        pos = local_positions(q.shape[1], axis.rank, axis.size, layout)
+        ql, kl, vl = (t[:, pos].clone().requires_grad_() for t in (q, k, v))
+        out = ring_attention(ql, kl, vl, axis, layout=layout)
+        out.backward(dout[:, pos])
+        for name, got, r in (("out", out, want), ("dq", ql.grad, ref[0].grad),
+                             ("dk", kl.grad, ref[1].grad), ("dv", vl.grad, ref[2].grad)):
+            problem = at(step, axis.rank, first_difference(got, r.detach()[:, pos], name, FLOAT32))
+            if problem:
+                return problem
+    return None
+
+
+@exercise("context_parallel", "bug")
+def check_zigzag_fix(layout) -> Verdict:
+    """layout(rank, cp) -> (early chunk, late chunk): the fixed `buggy_zigzag_chunks`.
+    Checked for coverage and balance at cp 2, 3, 4, 8, then run by ring attention on 2 gloo
+    ranks against one device's causal attention."""
+    problem = function_given(layout)
+    if problem is not None:
+        return problem
+    problem = _layout_problem(layout)
+    if problem:
+        return wrong(problem)
+    return on_ranks(CP, _ring_worker, layout,
+        "every chunk once, equal work on every rank, and ring attention with your layout "
+        "matches one device (output, dq, dk, dv) at every step on 2 gloo ranks.")
+
+
+# ----------------------------------------------------------------- predict, then run
+def measured_cp_bytes(**run) -> int:
+    """Bytes rank 0 sends on the cp axis in one step of `tiny` (CommLog's count)."""
+    kw = {**PREDICT_RUN, **run}
+    pc = ParallelConfig(cp=kw["cp"], cp_impl=kw["cp_impl"])
+    out = train(TrainConfig(parallel=pc, steps=1, seq_len=kw["seq_len"],
+                            global_batch=kw["global_batch"], progress=False))
+    return sum(op["wire_bytes"] for op in out["records"][-1]["comm"]["cp"].values())
+
+
+@exercise("context_parallel", "predict")
+def check_predict_cp_bytes(prediction) -> Verdict:
+    """Predict the bytes one rank sends on the cp axis in one training step of `tiny`
+    (cp=2, all-gather attention, 8 sequences of 32 tokens, float32); the check runs it."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    tiny = ModelConfig.preset("tiny")
+    formula = cp_wire_bytes_per_step(tiny, PREDICT_RUN["global_batch"], PREDICT_RUN["seq_len"],
+                                     PREDICT_RUN["cp"], PREDICT_RUN["cp_impl"])
+    if math.isclose(float(prediction), formula / 2, rel_tol=1e-9):
+        return wrong("that is the forward's all-gather alone: its backward, a reduce-scatter "
+                     "of dK and dV, sends as much again.")
+    return predicted(prediction, measured_cp_bytes(), "bytes on the cp axis", rel=1e-9,
+                     why="CommLog counts each collective with the formula's rule: exact")
+
+
+__all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_zigzag_chunks"]

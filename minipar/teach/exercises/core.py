@@ -38,6 +38,9 @@ def exercise(chapter: str, kind: str):
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
 
     def register(check):
+        if check.__name__ in REGISTRY:   # `from .x import *` would silently keep one of two
+            raise ValueError(f"two exercise checks are named {check.__name__}: "
+                             f"{REGISTRY[check.__name__][0]} and {chapter}")
         REGISTRY[check.__name__] = (chapter, kind)
         return check
     return register

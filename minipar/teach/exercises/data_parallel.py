@@ -4,8 +4,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...config import ParallelConfig
 from ...formulas import dp_bytes
-from .core import Verdict, exercise, first_difference, number, on_ranks
+from ...train import TrainConfig, train
+from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference, number,
+                   on_ranks, predicted)
 
 
 @exercise("data_parallel", "number")
@@ -46,4 +49,172 @@ def check_average_gradients(fn) -> Verdict:
         "the averaged gradients equal one device's gradient of the whole batch (2 gloo ranks).")
 
 
-__all__ = [n for n in dir() if n.startswith("check_")]
+
+
+# ---------------------------------------------------------------- find the bug: the loss
+def dp_loss_buggy(model, x, y, global_tokens):
+    """The loss of this rank's tokens, as a data-parallel rank must NOT compute it: the mean
+    over its own tokens. Summed over ranks (minipar's all-reduce is a sum) the gradients are
+    wrong; averaged they are wrong too as soon as the ranks hold different token counts."""
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def _loss_worker(fn):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    reference = torch.nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    x, y = torch.randn(10, 4), torch.randint(0, 3, (10,))
+    cuts = [0, 3, 10]                     # uneven shards: 3 tokens on rank 0, 7 on rank 1
+    mine = slice(cuts[rank], cuts[rank + 1])
+    fn(model, x[mine], y[mine], len(y)).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)           # a sum, as minipar does
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        problem = first_difference(p.grad, q.grad, f"the summed gradient of {name}")
+        if problem:
+            return at(0, rank, problem + " It should be the gradient of the mean loss over "
+                      "all 10 tokens (3 on rank 0, 7 on rank 1).")
+    return None
+
+
+@exercise("data_parallel", "bug")
+def check_dp_loss(fn) -> Verdict:
+    """fn(model, x, y, global_tokens) -> this rank's loss, such that the gradients summed
+    over the ranks are the gradient of the mean token loss of the whole batch. Runs on 2 gloo
+    ranks holding 3 and 7 tokens (uneven on purpose)."""
+    return on_ranks(2, _loss_worker, fn,
+        "summed over ranks with uneven shards, the gradients are one device's (2 gloo ranks).")
+
+
+# ---------------------------------------------------------------- find the bug: the replicas
+def make_replica_buggy(rank: int) -> torch.nn.Module:
+    """A replica as a data-parallel rank must NOT start: each rank seeds its own weights
+    (the first layer's bias is frozen: it never gets a gradient, but the forward uses it)."""
+    torch.manual_seed(100 + rank)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model[0].bias.requires_grad_(False)
+    return model
+
+
+def _replica_worker(fn):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = make_replica_buggy(rank)
+    fn(model)
+    reference = make_replica_buggy(0)          # one device, rank 0's initialisation
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(7)
+    problem = None                    # the first one; every rank still runs every collective
+    for step in range(3):
+        x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+        problem = problem or _compare(model, reference, step, rank)
+        mine = slice(rank * 8 // n, (rank + 1) * 8 // n)
+        torch.nn.functional.cross_entropy(model(x[mine]), y[mine], reduction="sum").div(8).backward()
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
+    return problem or _compare(model, reference, 3, rank)
+
+
+def _compare(model, reference, step, rank):
+    for (name, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
+        problem = first_difference(p, q, f"parameter {name}")
+        if problem:
+            return at(step, rank, problem + " Every replica must hold rank 0's weights "
+                      "(all of them, frozen ones included) before the first step.")
+    return None
+
+
+@exercise("data_parallel", "bug")
+def check_sync_replicas(fn) -> Verdict:
+    """fn(model) -> None, called once on every rank right after `make_replica_buggy(rank)`:
+    make every replica hold rank 0's weights. Then 3 steps of data-parallel AdamW, compared
+    with one device at every step (2 gloo ranks)."""
+    return on_ranks(2, _replica_worker, fn,
+        "every replica starts from rank 0's weights and stays equal to one device for 3 steps.")
+
+
+# ---------------------------------------------------------------- implement: a ZeRO-1 step
+ZERO1_ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+ZERO1_SHAPES = ((3, 3), (5,), (7,), (2, 2))    # 9, 5, 7 and 4 elements: uneven over 2 ranks
+
+
+def _zero1_params() -> list[torch.Tensor]:
+    torch.manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in ZERO1_SHAPES]
+    params[3].requires_grad_(False)            # frozen: no gradient, never updated
+    return params
+
+
+def _zero1_worker(fn):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    params, reference = _zero1_params(), _zero1_params()
+    step_fn = fn(params)
+    ref_opt = torch.optim.AdamW([p for p in reference if p.requires_grad], **ZERO1_ADAMW)
+    problem = None                    # the first one; every rank still runs every step
+    for step in range(4):
+        grads = [[torch.randn(p.shape, generator=torch.Generator().manual_seed(
+            1000 * step + 10 * i + r)) for i, p in enumerate(params)] for r in range(n)]
+        before = [p.detach().clone() for p in params]
+        for i, (p, q) in enumerate(zip(params, reference)):
+            if p.requires_grad:
+                p.grad, q.grad = grads[rank][i].clone(), sum(g[i] for g in grads)
+        step_fn()
+        ref_opt.step()
+        problem = problem or _zero1_problem(params, reference, before, step, rank)
+    return problem
+
+
+def _zero1_problem(params, reference, before, step, rank):
+    for i, (p, q, b) in enumerate(zip(params, reference, before)):
+        problem = first_difference(p.detach(), q.detach(), f"parameter {i}", FLOAT32)
+        if problem:
+            stale = bool(torch.equal(p.detach(), b)) and not torch.equal(q.detach(), b)
+            hint = (" It did not change at all on this rank: did the updated shards come "
+                    "back (all-gather)?") if stale else ""
+            return at(step, rank, problem + hint)
+    return None
+
+
+@exercise("data_parallel", "implement")
+def check_zero1_step(fn) -> Verdict:
+    """fn(params) -> step: set up ZeRO-1 over the ranks for `params` (a list of tensors,
+    some of whose sizes do not divide by n, one frozen), and return a function `step()`
+    that, called after every rank has set each trainable p.grad to its local gradient,
+    sums the gradients over ranks, applies AdamW(**ZERO1_ADAMW) to this rank's shard only,
+    and leaves every rank with all the updated parameters. Compared with one device's
+    AdamW on the summed gradients at each of 4 steps, on 2 gloo ranks."""
+    return on_ranks(2, _zero1_worker, fn,
+        "sharded AdamW equals one device's AdamW at every step, on every rank (2 gloo ranks).")
+
+
+# ---------------------------------------------------------------- predict, then run: ZeRO's bytes
+PREDICT_ZERO = dict(dp=4, zero=2, microbatches=2)   # `tiny`, float32, 2 micro-batches per rank
+
+
+def measured_zero_bytes() -> int:
+    """One step of `python -m minipar.train --dp 4 --zero 2 --microbatches 2 --steps 1`: the
+    data-parallel bytes rank 0's CommLog counted."""
+    out = train(TrainConfig(parallel=ParallelConfig(**PREDICT_ZERO), steps=1, progress=False))
+    return sum(s["wire_bytes"] for s in out["records"][-1]["comm"]["dp"].values())
+
+
+@exercise("data_parallel", "predict")
+def check_predict_zero_bytes(prediction, measured: int | None = None) -> Verdict:
+    """Predict the data-parallel bytes one rank sends in one step of PREDICT_ZERO, then run
+    minipar's trainer on 4 gloo ranks and compare (the ratio is reported)."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    measured = measured_zero_bytes() if measured is None else measured
+    return predicted(prediction, measured, "data-parallel bytes one rank sent", rel=1e-9,
+                     why="CommLog counts the ring formula's bytes exactly, and every tensor of "
+                         "tiny divides by 4")
+
+
+__all__ = [n for n in dir() if n.startswith("check_")] + ["PREDICT_ZERO", "ZERO1_ADAMW", "dp_loss_buggy",
+                                                          "make_replica_buggy"]

@@ -1,8 +1,20 @@
-"""The exercises of the four dimensions at once chapter, checked (see core.py for how)."""
+"""The exercises of the four dimensions at once chapter, checked (see core.py for how).
+
+Five checks: a rank's coordinates (number), a DP group (implement), a coordinate function
+with the axes peeled in the wrong order (bug), rank 0's DP bytes of a TP2 x DP2 run,
+predicted and then measured on four gloo ranks (predict), and a layout planned by hand,
+then checked against the planner (predict).
+"""
 from __future__ import annotations
 
-from ...grid import ProcessGrid
-from .core import NOT_ANSWERED, Verdict, exercise, function_given, number, right, wrong
+from ...config import ConfigError, ModelConfig, ParallelConfig
+from ...costmodel import estimate, gpu_cluster, plan
+from ...costmodel.planner import describe
+from ...formulas import local_param_count, param_count
+from ...grid import AXES, ProcessGrid
+from ...train import TrainConfig, train
+from .core import (NOT_ANSWERED, Verdict, exercise, function_given, number, predicted, right,
+                   wrong)
 
 
 @exercise("fourd", "number")
@@ -43,4 +55,116 @@ def check_dp_group(fn) -> Verdict:
     return right("your DP groups match ProcessGrid's.")
 
 
-__all__ = [n for n in dir() if n.startswith("check_")]
+def buggy_coords(rank: int, tp: int, cp: int, pp: int, dp: int) -> dict[str, int]:
+    """The broken variant of `check_coords_bug`: it peels the axes off the rank
+    outermost-first, as if DP varied fastest."""
+    out = {}
+    for axis, size in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp)):
+        out[axis], rank = rank % size, rank // size
+    return out
+
+
+@exercise("fourd", "bug")
+def check_coords_bug(fn) -> Verdict:
+    """fn(rank, tp, cp, pp, dp) -> {"tp", "cp", "pp", "dp"}: `buggy_coords` fixed. Checked
+    on every rank of grids whose sizes differ per axis (a swapped pair of axes of equal
+    size would pass on a 2 x 2 x 2 x 2 grid), against `ProcessGrid.coords`."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    for sizes in [(2, 3, 1, 4), (4, 1, 3, 2), (8, 2, 2, 3)]:
+        grid = ProcessGrid(*sizes)
+        for rank in range(grid.world_size):
+            want = grid.coords(rank)
+            try:
+                got = {a: int(fn(rank, *sizes)[a]) for a in AXES}
+            except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+                return wrong(f"fn({rank}, {', '.join(map(str, sizes))}) raised {type(e).__name__}: {e}")
+            if got != want:
+                off = [a for a in AXES if got[a] != want[a]]
+                return wrong(f"rank {rank} of tp,cp,pp,dp = {sizes}: got {got}, the {', '.join(off)} "
+                             f"coordinate is off. Which axis varies fastest as the rank grows?")
+    return right("every rank of three uneven grids has ProcessGrid's coordinates.")
+
+
+def measured_dp_bytes(tp: int = 2, dp: int = 2, steps: int = 1) -> int:
+    """Rank 0's DP wire bytes in the last of `steps` steps of `tiny` on tp x dp gloo ranks
+    (plain DP: one all-reduce of the gradients of the parameters the rank holds)."""
+    records = train(TrainConfig(parallel=ParallelConfig(tp=tp, dp=dp), steps=steps,
+                                progress=False))["records"]
+    return sum(op["wire_bytes"] for op in records[-1]["comm"]["dp"].values())
+
+
+@exercise("fourd", "predict")
+def check_predict_dp_shard_bytes(prediction, tp: int = 2, dp: int = 2) -> Verdict:
+    """Predict the bytes rank 0 puts on the wire for DP in one step of `tiny` (float32)
+    with TP`tp` x DP`dp`, no ZeRO: then minipar runs it on tp*dp gloo ranks and the verdict
+    reports measured / predicted. Byte counts are exact: the tolerance is one part in 1e9."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    model = ModelConfig.preset("tiny")
+    local = local_param_count(model, tp, model.n_layers, True, True)
+    ring = 2 * (dp - 1) / dp
+    right_answer = ring * 4 * local
+    for guess, why in ((ring * 4 * param_count(model), "that is the whole model: rank 0 only "
+                        "holds (and reduces) its TP shard of each matrix"),
+                       (4 * local, "that is the gradient's size; a ring all-reduce puts "
+                        "2(n-1)/n of it on the wire"),
+                       (ring * 2 * local, "minipar's CPU run is float32: 4 bytes per element")):
+        try:
+            if guess != right_answer and abs(float(prediction) - guess) <= 1e-9 * guess:
+                return wrong(why + ".")
+        except (TypeError, ValueError):
+            break
+    return predicted(prediction, measured_dp_bytes(tp, dp), "rank 0's DP wire bytes", 1e-9,
+                     "integer byte counts of a deterministic ring")
+
+
+@exercise("fourd", "predict")
+def check_plan(layout, model: str = "llama3-70b", gpu: str = "h100", gpus: int = 256,
+               seq_len: int = 8192, batch_tokens: int = 2 * 2**20, points: float = 2.0) -> Verdict:
+    """layout: {"tp", "cp", "pp"} planned by hand with the chapter's rules (DP takes the
+    rest; interleaved with as many chunks as the planner allows, micro-batch 1, ZeRO-1,
+    the least recomputation that fits). Right when it fits and its predicted MFU is within
+    `points` of the planner's best; the verdict reports yours / the planner's."""
+    if layout is None:
+        return Verdict(None, NOT_ANSWERED)
+    m, cluster = ModelConfig.preset(model), gpu_cluster(gpu)
+    try:
+        tp, cp, pp = (int(layout[k]) for k in ("tp", "cp", "pp"))
+        mine = _estimate_plan(m, cluster, gpus, tp, cp, pp, seq_len, batch_tokens)
+    except (TypeError, KeyError, ValueError) as e:
+        return wrong(f"answer with a dict with keys 'tp', 'cp', 'pp' ({e}).")
+    except ConfigError as e:
+        return wrong(f"that layout cannot run: {e}")
+    if mine is None:
+        return wrong(f"TP{tp} CP{cp} PP{pp} does not fit in {cluster.hbm_gb:.0f} GB even with full "
+                     "recomputation: rule 1 comes first.")
+    best = plan(m, cluster, gpus, seq_len, batch_tokens, top=1).ranked[0]
+    report = (f"yours {describe(mine)}: {100 * mine.mfu:.1f}% vs the planner's {describe(best)}: "
+              f"{100 * best.mfu:.1f}% (ratio {mine.mfu / best.mfu:.2f})")
+    if 100 * (best.mfu - mine.mfu) <= points:
+        return right(report + ".")
+    return wrong(report + f": more than {points:g} points short. Which term limits yours?")
+
+
+def _estimate_plan(m, cluster, gpus, tp, cp, pp, seq_len, batch_tokens):
+    """The estimate of a hand-planned layout, with the least recomputation that fits
+    (None if none does)."""
+    if gpus % (tp * cp * pp):
+        raise ConfigError(f"TP x CP x PP = {tp * cp * pp} does not divide {gpus} GPUs")
+    dp = gpus // (tp * cp * pp)
+    micro = batch_tokens // seq_len // dp
+    v = max([c for c in (2, 4, 8) if pp > 1 and pp * c <= m.n_layers + 2 and micro % pp == 0]
+            or [1])     # the planner's rule: as many chunks as the layers and micro-batches allow
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1, zero=1,
+                        schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                        cp_impl="allgather")
+    for recompute in ("none", "selective", "full"):
+        e = estimate(m, pc, cluster, seq_len, global_batch_tokens=batch_tokens, recompute=recompute)
+        if e.fits_memory:
+            return e
+    return None
+
+
+__all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_coords", "measured_dp_bytes"]

@@ -1,7 +1,180 @@
-"""The exercises of the hf chapter, checked (see core.py for how)."""
+"""The exercises of the hf chapter, checked (see core.py for how): the slice a TP rank reads
+from a safetensors file (on real gloo ranks, against `minipar.hf.read_piece`), the q/k
+permutation between Meta's and Hugging Face's RoPE layouts, the loss of a model just
+loaded, and how long a sequence a GPU's KV cache holds."""
 from __future__ import annotations
 
-from .core import Verdict, exercise, number  # noqa: F401 - the chapter's checks use these
+import functools
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ... import hf
+from ...config import ModelConfig, ParallelConfig
+from ...model import apply_rope, rope_cos_sin
+from ...train import TrainConfig, train
+from ..numbers.hf import kv_cache_tokens
+from .core import (BITWISE, NOT_ANSWERED, Tolerance, Verdict, exercise, first_difference,
+                   function_given, number, on_ranks, predicted, right, wrong)
+
+ANGLES = Tolerance(1e-4, 1e-5, "minipar's rotation angles are float32 (pos x freq), the "
+                   "rest float64")
+
+# ------------------------------------------------------------- the slice a TP rank reads
+# name -> (shape, dimension TP cuts): column- and row-parallel weights, GQA's narrow k_proj,
+# the vocabulary-parallel embedding, and a replicated norm gain
+TENSORS = {"q_proj": ((8, 6), 0), "o_proj": ((6, 8), 1), "k_proj": ((4, 6), 0),
+           "embed_tokens": ((10, 6), 0), "norm": ((6,), None)}
+
+
+def _tp_slice_worker(path: str, read_tp):
+    """On each rank: read every fixture tensor with the reader's function and with
+    minipar's, and compare bit for bit (a read is a copy: no arithmetic to round)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    with safe_open(path, framework="pt") as f:
+        for name, (shape, dim) in TENSORS.items():
+            local = list(shape)
+            if dim is not None:
+                local[dim] //= size
+            want = hf.read_piece(f.get_slice(name), local, dim, rank, size, 0,
+                                 math.prod(local)).view(local)
+            got = read_tp(f.get_slice(name), dim, rank, size)
+            problem = first_difference(got, want, name, BITWISE)
+            if problem:
+                return f"rank {rank} of {size}: {problem}"
+    return None
+
+
+@exercise("hf", "implement")
+def check_tp_slice(read_tp, world: int = 2) -> Verdict:
+    """read_tp(sl, tp_dim, tp_rank, tp_size) -> tensor: the part of a stored tensor that TP
+    rank `tp_rank` of `tp_size` holds (`sl` = safe_open(...).get_slice(name), indexed like a
+    tensor: sl[a:b], sl[:, a:b]; tp_dim None: the whole tensor). Run on `world` gloo ranks
+    against minipar.hf.read_piece."""
+    problem = function_given(read_tp)
+    if problem is not None:
+        return problem
+    with tempfile.TemporaryDirectory(prefix="minipar-exercise-") as d:
+        path = str(Path(d) / "model.safetensors")
+        g = torch.Generator().manual_seed(0)
+        save_file({n: torch.randn(s, generator=g) for n, (s, _) in TENSORS.items()}, path)
+        return on_ranks(world, functools.partial(_tp_slice_worker, path), read_tp,
+                        f"every rank of {world} read exactly its slice of {len(TENSORS)} "
+                        "tensors: rows, columns, GQA's narrow K, the vocabulary, a norm.")
+
+
+# ------------------------------------------------------------- Meta's RoPE layout -> HF's
+def meta_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Meta's original RoPE: rotate the pairs (2i, 2i+1) of each head. x: [s, heads, d]."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = positions.double()[:, None] * inv[None, :]
+    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    out = pairs * torch.polar(torch.ones_like(angle), angle)[:, None, :]
+    return torch.view_as_real(out).reshape(x.shape)
+
+
+def hf_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """minipar's (and Hugging Face's) RoPE: rotate the pairs (i, i + d/2). x: [s, heads, d]."""
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta)
+    return apply_rope(x[None].double(), cos.double(), sin.double())[0]
+
+
+def scores(wq, wk, x, positions, rope, n_heads, n_kv_heads, theta=10000.0):
+    """q.k of every pair of positions, per query head, after `rope` (GQA: heads share K)."""
+    d = wq.shape[0] // n_heads
+    q = rope((x @ wq.T).view(len(x), n_heads, d), positions, theta)
+    k = rope((x @ wk.T).view(len(x), n_kv_heads, d), positions, theta)
+    k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
+    return torch.einsum("shd,thd->hst", q, k)
+
+
+@exercise("hf", "bug")
+def check_rope_permute(permute) -> Verdict:
+    """permute(w, n_heads) -> w: the rows of a q_proj or k_proj weight saved for Meta's RoPE
+    (pairs (2i, 2i+1)), reordered for Hugging Face's (pairs (i, i + d/2)), so that attention
+    scores do not change. Checked on head_dim 8 (for head_dim 4 the right permutation and
+    its inverse coincide and would hide the classic bug) with grouped-query attention."""
+    problem = function_given(permute)
+    if problem is not None:
+        return problem
+    g = torch.Generator().manual_seed(0)
+    n_heads, n_kv, d, dim = 4, 2, 8, 16
+    wq, wk = (torch.randn(n * d, dim, generator=g, dtype=torch.float64) for n in (n_heads, n_kv))
+    x, pos = torch.randn(6, dim, generator=g, dtype=torch.float64), torch.arange(6) * 37
+    want = scores(wq, wk, x, pos, meta_rope, n_heads, n_kv)
+    try:
+        pq, pk = permute(wq.clone(), n_heads), permute(wk.clone(), n_kv)
+    except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+        return wrong(f"permute raised {type(e).__name__}: {e}")
+    for name, got, orig in (("q_proj", pq, wq), ("k_proj", pk, wk)):
+        if not isinstance(got, torch.Tensor) or got.shape != orig.shape:
+            return wrong(f"permute({name}) should return a tensor of shape {tuple(orig.shape)}.")
+    got = scores(pq, pk, x, pos, hf_rope, n_heads, n_kv)
+    problem = first_difference(got, want, "scores[head, query, key]", ANGLES)
+    if problem:
+        return wrong(f"after your permutation, HF's RoPE gives other attention scores than "
+                     f"Meta's: {problem}")
+    return right("the permuted weights give the same attention scores under HF's RoPE.")
+
+
+# ------------------------------------------------------------- the loss of a fresh model
+def _tiny_hf_dir(path: Path, vocab: int) -> None:
+    """A small randomly initialised Llama, saved by transformers (initialised its way)."""
+    import transformers   # here: heavy, and only this check needs it
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=vocab, max_position_embeddings=128,
+                                   tie_word_embeddings=True, bos_token_id=None,
+                                   eos_token_id=None, pad_token_id=None)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+
+
+@functools.cache
+def _first_loss(vocab: int) -> float:
+    """The run the check compares with (seeded: one run per vocabulary is enough)."""
+    with tempfile.TemporaryDirectory(prefix="minipar-exercise-") as d:
+        _tiny_hf_dir(Path(d) / "llama", vocab)
+        out = train(TrainConfig(parallel=ParallelConfig(tp=2), init_hf=str(Path(d) / "llama"),
+                                steps=1, global_batch=4, seq_len=32, progress=False))
+    return out["records"][0]["loss"]
+
+
+@exercise("hf", "predict")
+def check_initial_loss(prediction, vocab: int = 512) -> Verdict:
+    """Predict the first step's loss of a randomly initialised Hugging Face Llama with a
+    vocabulary of `vocab`, loaded with --init-hf; then run that step on two TP ranks."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    return predicted(prediction, _first_loss(vocab), "first loss", 0.02,
+                     "a random model's logits are small, not zero: the loss sits a little "
+                     "above a uniform guess")
+
+
+# ------------------------------------------------------------- the KV cache of one GPU
+@exercise("hf", "number")
+def check_kv_cache_tokens(answer, model: str = "llama3-70b", tp: int = 8,
+                          hbm_bytes: float = 80e9) -> Verdict:
+    """Tokens whose bf16 KV cache fits on one GPU of `hbm_bytes` next to its bf16 TP shard
+    of the weights (KV heads split over the TP ranks)."""
+    m = ModelConfig.preset(model)
+    want = kv_cache_tokens(m, tp, hbm_bytes)
+    return number(answer, want, "tokens in the KV cache", rel=1e-2, hints=[
+        (want / tp, "each GPU holds only its n_kv_heads / tp KV heads, not all of them."),
+        (2 * want, "a token stores K and V: two vectors per layer and KV head."),
+        (hbm_bytes / kv_bytes(m, tp), "the weights take their share of the GPU first."),
+    ])
+
+
+def kv_bytes(m: ModelConfig, tp: int) -> float:
+    return 2 * m.n_layers * m.n_kv_heads / tp * m.head_dim * 2
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

@@ -1,7 +1,158 @@
-"""The exercises of the llama3 chapter, checked (see core.py for how)."""
+"""The exercises of the llama3 chapter (book/llama3.md), checked (see core.py for how).
+
+- `check_param_count` (implement): count a Llama's parameters from its shape;
+- `check_rank_coords` (implement): a rank's (tp, cp, pp, dp) coordinates in the order
+  [TP, CP, PP, DP], against `ProcessGrid`;
+- `check_model_state_gb` (number): the model state per GPU of Table 4's row 1;
+- `check_straddling_replicas` (number): which of row 3's model replicas span two pods;
+- `check_predict_stage_params` (predict): the parameter bytes of the fullest GPU of a TP2
+  PP2 run, predicted, then measured by running minipar.
+"""
 from __future__ import annotations
 
-from .core import Verdict, exercise, number  # noqa: F401 - the chapter's checks use these
+from ...config import ModelConfig, ParallelConfig, TrainConfig
+from ...costmodel.hardware import LLAMA3_CLUSTER
+from ...costmodel.table4 import TABLE4
+from ...formulas import local_param_count, param_count
+from ...grid import ProcessGrid
+from ...train import train
+from ..figures.llama3 import replica_pods
+from .core import Verdict, compare_calls, exercise, function_given, number, predicted, right, wrong
+
+# Shapes that catch the usual slips: GQA (K and V narrower than Q), tied embeddings (one
+# table, counted once), a square FFN, Llama 3 405B itself.
+PARAM_CASES = [(ModelConfig(),), (ModelConfig(tie_embeddings=True),),
+               (ModelConfig(n_layers=3, dim=64, n_heads=8, n_kv_heads=2, ffn_dim=64, vocab_size=100),),
+               (ModelConfig.preset("llama3-405b"),)]
+
+
+@exercise("llama3", "implement")
+def check_param_count(fn) -> Verdict:
+    """fn(model: ModelConfig) -> int, every parameter of the Llama `model`: per layer the
+    q, k, v, o projections (k and v have n_kv_heads x head_dim outputs), the SwiGLU's three
+    matrices and two RMSNorm weights; the embedding, the final norm and the output head
+    (shared with the embedding when model.tie_embeddings)."""
+    return compare_calls(
+        fn, PARAM_CASES, param_count, 0.0,
+        lambda args, got, want: _param_hint(args[0], got, want),
+        "every parameter, for four shapes (GQA, tied embeddings, Llama 3 405B).",
+        call=lambda args: f"fn({_name(args[0])})")
+
+
+def _name(m: ModelConfig) -> str:
+    if m.name != "custom":
+        return m.name
+    return f"ModelConfig(n_layers={m.n_layers}, dim={m.dim}, n_kv_heads={m.n_kv_heads}, tied={m.tie_embeddings})"
+
+
+def _param_hint(m: ModelConfig, got: float, want: float) -> str:
+    h, kv = m.dim, m.n_kv_heads * m.head_dim
+    diff = got - want
+    name = _name(m)
+    known = {2 * m.n_layers * h * (h - kv): "K and V have n_kv_heads x head_dim outputs, not dim (GQA).",
+             m.vocab_size * h: "with tie_embeddings the embedding and the head are one table.",
+             -m.vocab_size * h: "the output head is its own table unless tie_embeddings.",
+             -(2 * m.n_layers + 1) * h: "the RMSNorm weights count too (two per layer, one final).",
+             -2 * m.n_layers * h: "each layer has two RMSNorm weights."}
+    for delta, why in known.items():
+        if delta and diff == delta:
+            return f"{name}: you count {got:,.0f}, off by {diff:+,.0f}: {why}"
+    return f"{name}: you count {got:,.0f}, off by {diff:+,.0f} parameters."
+
+
+LAYOUTS = [ParallelConfig(tp=2, cp=2, pp=2, dp=2), ParallelConfig(tp=4, cp=1, pp=2, dp=3),
+           ParallelConfig(tp=1, cp=3, pp=2, dp=2), ParallelConfig(tp=2, cp=1, pp=1, dp=4)]
+
+
+@exercise("llama3", "implement")
+def check_rank_coords(fn) -> Verdict:
+    """fn(rank, tp, cp, pp, dp) -> (tp_index, cp_index, pp_index, dp_index): the rank's
+    coordinates in the order [TP, CP, PP, DP], innermost first (rank = tp + T (cp + C (pp
+    + P dp))). Checked for every rank of four layouts against `grid.ProcessGrid`."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    for pc in LAYOUTS:
+        degrees = (pc.tp, pc.cp, pc.pp, pc.dp)
+        for rank in range(pc.world_size):
+            c = ProcessGrid(*degrees).coords(rank)
+            want = (c["tp"], c["cp"], c["pp"], c["dp"])
+            try:
+                got = tuple(int(x) for x in fn(rank, *degrees))
+            except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+                return wrong(f"fn({rank}, {', '.join(map(str, degrees))}) raised {type(e).__name__}: {e}")
+            if got != want:
+                return wrong(f"TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp}, rank {rank}: you give {got}, "
+                             f"the grid says {want}" + (" (is TP innermost?)" if got[::-1] == want else "."))
+    return right("every rank of four layouts, uneven degrees included.")
+
+
+@exercise("llama3", "number")
+def check_model_state_gb(answer, zero1: bool = False) -> Verdict:
+    """GB (1e9 bytes) of model state per GPU in Table 4 row 1 (TP8 PP16 DP64), at 16 bytes
+    per parameter (formulas.param_count of the 405B), split evenly over TP x PP; with
+    zero1=True the 12 bytes of fp32 master weights and Adam moments are also sharded over DP."""
+    row = TABLE4[0]
+    n = param_count(ModelConfig.preset("llama3-405b"))
+    split = row.tp * row.pp
+    want = n * ((4 + 12 / row.dp) if zero1 else 16) / split / 1e9
+    return number(answer, want, "model state per GPU (GB)", rel=5e-3, hints=[
+        (n * 16 / row.gpus / 1e9, "DP replicates the model: divide by TP x PP, not by every GPU."),
+        (n * 16 / row.tp / 1e9, "PP splits the layers too: divide by TP x PP."),
+        (n * 16 / split / 2**30, "GB here are 1e9 bytes, not GiB."),
+        (n * 4 / split / 1e9, "that is the bf16 weights and gradients only; Adam adds 12 bytes."),
+    ])
+
+
+@exercise("llama3", "number")
+def check_straddling_replicas(answer) -> Verdict:
+    """The DP indices (a list) of Table 4 row 3's model replicas (TP8 CP16 PP16: 2,048
+    consecutive GPUs each, 8 of them) whose GPUs span two 3,072-GPU pods."""
+    if answer is None:
+        return Verdict(None, "Not answered yet: replace None with your list and run the cell again.")
+    row, pod = TABLE4[2], LLAMA3_CLUSTER.pod_size
+    want = [r for r, pods in enumerate(replica_pods(row.tp, row.cp, row.pp, row.dp, pod)) if len(pods) > 1]
+    try:
+        got = sorted(int(x) for x in answer)
+    except (TypeError, ValueError):
+        return wrong(f"give a list of replica indices (0 to {row.dp - 1}), got {answer!r}.")
+    if got == want:
+        return right(f"{len(want)} of the {row.dp} replicas span two pods.")
+    if got == [r + 1 for r in want]:
+        return wrong("count replicas from 0, as DP ranks are.")
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    return wrong(f"{len(missing)} straddling replica(s) missing, {len(extra)} listed that sit in one pod.")
+
+
+STAGE_RUN = dict(tp=2, pp=2, global_batch=4, seq_len=32)
+
+
+def stage_run_params() -> int:
+    """Run `python -m minipar.train --tp 2 --pp 2` on the tiny model (fp32, one step) and
+    return the parameter bytes of the fullest rank, as the step record's `memory` says."""
+    pc = ParallelConfig(tp=STAGE_RUN["tp"], pp=STAGE_RUN["pp"])
+    run = train(TrainConfig(parallel=pc, global_batch=STAGE_RUN["global_batch"],
+                            seq_len=STAGE_RUN["seq_len"], steps=1, progress=False))
+    return run["records"][-1]["memory"]["params"]
+
+
+def stage_model_params() -> int:
+    """The same from the formulas: every stage's parameters on one TP rank, fp32, the largest."""
+    m, tp, pp = ModelConfig.preset("tiny"), STAGE_RUN["tp"], STAGE_RUN["pp"]
+    return max(4 * local_param_count(m, tp, m.n_layers // pp, s == 0, s == pp - 1) for s in range(pp))
+
+
+@exercise("llama3", "predict")
+def check_predict_stage_params(prediction, measured: int | None = None) -> Verdict:
+    """Predict the bytes of parameters (fp32) held by the fullest GPU of
+    `python -m minipar.train --tp 2 --pp 2` on the tiny model; the check then runs it (or
+    takes `measured`, the `memory["params"]` of a run you made) and reports run / prediction.
+    Parameters are counted exactly, so exact is right."""
+    if prediction is None:
+        return predicted(None, 0, "", 0, "")
+    got = stage_run_params() if measured is None else measured
+    return predicted(prediction, got, "parameter bytes of the fullest GPU", 1e-9,
+                     "minipar counts the tensors each rank holds exactly")
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

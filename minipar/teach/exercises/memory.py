@@ -1,7 +1,187 @@
-"""The exercises of the memory chapter, checked (see core.py for how)."""
+"""The exercises of the memory chapter, checked (see core.py for how).
+
+Predict a rank's activation bytes and let `ActivationMeter` measure them; find the bug in
+a recompute wrapper (checked at every step against no recomputation, parameter by
+parameter, and against a memory budget the check enforces); make Llama 3 70B fit an
+H100; count the bytes per parameter of mixed precision.
+"""
 from __future__ import annotations
 
-from .core import Verdict, exercise, number  # noqa: F401 - the chapter's checks use these
+import torch
+
+from ...config import ConfigError, ModelConfig, ParallelConfig
+from ...costmodel.constants import BF16_MIXED
+from ...costmodel.memory import fullest_stage, memory_of_rank
+from ...costmodel.workload import layout_problems, make_workload
+from ...memory import ActivationMeter
+from ...model import Transformer, cross_entropy_sum
+from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference,
+                   function_given, number, predicted, right, wrong)
+
+GIB = 2**30
+PREDICT_BATCH = (4, 32)        # sequences x tokens of the predict exercise
+RECOMPUTE_STEPS, LR = 2, 0.1   # two SGD steps: the second starts from the first's update
+RECOMPUTE_BUDGET = 0.5         # of what no recomputation keeps
+FIT = dict(model="llama3-70b", gpus=16, seq_len=8192, global_batch_tokens=2**21, hbm_gib=80)
 
 
-__all__ = [n for n in dir() if n.startswith("check_")]
+def _batch(step: int = 0):
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randint(0, 256, PREDICT_BATCH, generator=gen)
+    return x, x.roll(-1, 1)
+
+
+def measured_activations(recompute=None, step: int = 0, model=None) -> int:
+    """Peak bytes autograd keeps in one forward and backward of `tiny` (ActivationMeter)."""
+    model = model or Transformer(ModelConfig.preset("tiny"), seed=0)
+    x, y = _batch(step)
+    with ActivationMeter() as meter:
+        cross_entropy_sum(model(x), y).backward()
+    return meter.peak
+
+
+@exercise("memory", "predict")
+def check_predict_activations(prediction) -> Verdict:
+    """Predict the peak activation bytes of `tiny` on one rank, 4 sequences of 32 tokens,
+    float32, no recomputation; the check measures them with ActivationMeter."""
+    if prediction is None:
+        return Verdict(None, NOT_ANSWERED)
+    return predicted(prediction, measured_activations(), "peak activation bytes", rel=1e-3,
+                     why="the chapter's count is tensor by tensor: a prediction that counts "
+                         "every tensor is exact, one that misses a part is off by more")
+
+
+# ----------------------------------------------------------------- find the bug: recompute
+class _ForgetsTheWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn, x):
+        ctx.fn = fn
+        ctx.save_for_backward(x)
+        return fn(x)                       # autograd.Function.forward runs without grad
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            y = ctx.fn(x)                  # the forward again, this time with a graph
+        dx, = torch.autograd.grad(y, (x,), dy)
+        return None, dx
+
+
+def buggy_recompute(fn, x):
+    """Full recomputation of one block, with a bug (the exercise): keep only the block's
+    input x; in the backward, run fn(x) again and backpropagate through it."""
+    return _ForgetsTheWeights.apply(fn, x)
+
+
+def _wrap_blocks(model, recompute):
+    """Every block of `model` runs through recompute(fn, x), fn the block at fixed cos, sin."""
+    for block in model.layers.values():
+        forward = block.forward
+
+        def wrapped(x, cos, sin, cache=None, forward=forward):
+            return recompute(lambda h: forward(h, cos, sin, cache), x)
+        block.forward = wrapped
+    return model
+
+
+def _recompute_problem(recompute) -> str | None:
+    tiny = ModelConfig.preset("tiny")
+    ref, mine = Transformer(tiny, seed=0), _wrap_blocks(Transformer(tiny, seed=0), recompute)
+    for step in range(RECOMPUTE_STEPS):
+        budget = RECOMPUTE_BUDGET * measured_activations(step=step, model=ref)
+        peak = measured_activations(step=step, model=mine)
+        if peak > budget:
+            return at(step, 0, f"the meter saw {peak:,} bytes kept for the backward, over the "
+                               f"budget of {budget:,.0f} ({RECOMPUTE_BUDGET:.0%} of no "
+                               f"recomputation): the wrapper keeps more than the block's input.")
+        for (name, p), q in zip(ref.named_parameters(), mine.parameters()):
+            if q.grad is None:
+                return at(step, 0, f"{name}.grad is None: the backward never reached this weight.")
+            problem = first_difference(q.grad, p.grad, f"{name}.grad", FLOAT32)
+            if problem:
+                return at(step, 0, problem)
+        with torch.no_grad():
+            for model in (ref, mine):
+                for p in model.parameters():
+                    p -= LR * p.grad
+                    p.grad = None
+    return None
+
+
+@exercise("memory", "bug")
+def check_recompute(recompute) -> Verdict:
+    """recompute(fn, x) -> fn(x), keeping only x for the backward: the fixed `buggy_recompute`.
+    Wrapped around every block of `tiny`; checked at each of two SGD steps against no
+    recomputation (every gradient) and against a memory budget (the meter's peak)."""
+    problem = function_given(recompute)
+    if problem is not None:
+        return problem
+    try:
+        problem = _recompute_problem(recompute)
+    except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+        return wrong(f"your wrapper raised {type(e).__name__}: {e}")
+    if problem:
+        return wrong(problem)
+    return right(f"every gradient matches no recomputation at every step, and the blocks "
+                 f"keep at most {RECOMPUTE_BUDGET:.0%} of the activations.")
+
+
+# ----------------------------------------------------------------- will it fit?
+def fit_gb(layout: dict) -> tuple[float | None, list[str]]:
+    """The fullest GPU's bytes (GB) of Llama 3 70B under `layout`, or the layout's problems."""
+    model = ModelConfig.preset(FIT["model"])
+    kw = {**dict(tp=1, cp=1, pp=1, dp=1, zero=0, recompute="none", microbatch_size=1,
+                 schedule="1f1b", virtual_stages=1), **layout}
+    if kw["tp"] * kw["cp"] * kw["pp"] * kw["dp"] != FIT["gpus"]:
+        return None, [f"tp x cp x pp x dp must be {FIT['gpus']} GPUs"]
+    try:
+        pc = ParallelConfig(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=kw["dp"], zero=kw["zero"],
+                            sp=kw["tp"] > 1, schedule=kw["schedule"],
+                            virtual_stages=kw["virtual_stages"], recompute=kw["recompute"])
+        work = make_workload(FIT["seq_len"], FIT["global_batch_tokens"], None,
+                             kw["microbatch_size"], kw["recompute"])
+        problems = layout_problems(model, pc, work)
+    except (ConfigError, ValueError) as e:
+        return None, str(e).split("; ")
+    if problems:
+        return None, problems
+    stage = fullest_stage(model, pc, work, BF16_MIXED)
+    return memory_of_rank(model, pc, work, BF16_MIXED, stage)["total"] / 1e9, []
+
+
+@exercise("memory", "number")
+def check_will_it_fit(layout) -> Verdict:
+    """layout: a dict of tp, cp, pp, dp, zero (0-3), recompute, schedule, virtual_stages,
+    microbatch_size for Llama 3 70B on two servers (16 H100s), 8K tokens, 2M-token batches, bf16 mixed
+    precision. Right when the fullest GPU fits in 80 GiB (the cost model's count)."""
+    if layout is None:
+        return Verdict(None, NOT_ANSWERED)
+    if not isinstance(layout, dict):
+        return wrong(f"layout should be a dict such as dict(tp=8, pp=4, dp=2, zero=1), got {layout!r}.")
+    gb, problems = fit_gb(layout)
+    if gb is None:
+        return wrong("this layout cannot run: " + "; ".join(problems))
+    budget = FIT["hbm_gib"] * GIB / 1e9
+    if gb > budget:
+        return wrong(f"the fullest GPU holds {gb:.1f} GB, over the budget of {budget:.1f} GB "
+                     f"(80 GiB): {gb / budget:.2f}x.")
+    return right(f"the fullest GPU holds {gb:.1f} GB of {budget:.1f} GB (80 GiB).")
+
+
+@exercise("memory", "number")
+def check_bytes_per_param(answer) -> Verdict:
+    """Bytes per parameter of the model state under Llama 3's mixed precision, unsharded:
+    bf16 weights, fp32 gradients, fp32 master weights and Adam's two fp32 moments."""
+    p = BF16_MIXED
+    want = p.param_bytes + p.grad_bytes + p.optimizer_bytes
+    return number(answer, want, "bytes per parameter", rel=1e-9, hints=[
+        (16.0, "that is the ZeRO paper's 16, with 16-bit gradients; Llama 3 accumulates and "
+               "reduces its gradients in fp32."),
+        (12.0, "that is the optimizer state alone (master weights, m and v)."),
+        (14.0, "the optimizer keeps an fp32 master copy of the weights, besides m and v."),
+    ])
+
+
+__all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_recompute"]

@@ -1,8 +1,23 @@
-"""The exercises of the pipeline parallelism chapter, checked (see core.py for how)."""
+"""The exercises of the pipeline parallelism chapter, checked (see core.py for how).
+
+Schedules are checked symbolically first, by the same functions that check minipar's own
+(`check_schedule`, `simulate`, `peak_in_flight`, and `p2p_plan` replayed with blocking
+sends by `check_p2p_plan`); a predict-then-run exercise then runs minipar's executor on
+real gloo ranks and compares its trace with the reader's prediction.
+"""
 from __future__ import annotations
 
-from ...parallel.schedules import make_schedule, simulate
-from .core import Verdict, compare_calls, exercise, number
+import contextlib
+import functools
+import tempfile
+
+from ...config import ParallelConfig
+from ...parallel import pipeline
+from ...parallel.pipeline import load_trace
+from ...parallel.schedules import (Action, ScheduleError, check_p2p_plan, make_schedule,
+                                   p2p_plan, peak_in_flight, simulate, timeline_from_events)
+from ...train import TrainConfig, train
+from .core import Verdict, compare_calls, exercise, function_given, number, right, wrong
 
 
 @exercise("pipeline_parallel", "number")
@@ -25,6 +40,134 @@ def check_interleaved_bubble(fn) -> Verdict:
         lambda args, got, want: f"fn{args} = {got:.4f}, but the simulated schedule idles "
                                 f"{want:.4f} of the time.",
         "your formula matches the simulated interleaved schedules.")
+
+
+# ----------------------------------------------------------------- a schedule generator
+# (p, m): deep and shallow pipelines, m a multiple of p or not, and m < p
+ONE_F_ONE_B_CASES = ((2, 4), (4, 8), (3, 5), (4, 2))
+
+
+def _as_actions(schedule) -> list[list[Action]]:
+    return [[a if isinstance(a, Action) else Action(*a) for a in acts] for acts in schedule]
+
+
+def _one_f_one_b_problem(schedule, p: int, m: int) -> str | None:
+    """What is wrong with `schedule` as 1F1B for (p, m), or None: every action once and in
+    order, the makespan (m + p - 1)(t_f + t_b) for two ratios, at most p - r micro-batches in
+    flight on rank r, and a message order that cannot deadlock."""
+    if len(schedule) != p:
+        return f"{len(schedule)} rank lists for p = {p}"
+    try:
+        for t_f, t_b in ((1.0, 2.0), (1.0, 1.0)):
+            tl = simulate(schedule, t_f, t_b)
+            want = (m + p - 1) * (t_f + t_b)
+            if abs(tl.makespan - want) > 1e-9:
+                return (f"with t_f = {t_f:g}, t_b = {t_b:g} the step takes {tl.makespan:g}, "
+                        f"1F1B's takes (m + p - 1)(t_f + t_b) = {want:g}")
+        check_p2p_plan(p2p_plan(schedule))
+    except (ScheduleError, RuntimeError) as e:
+        return str(e)
+    peak, bound = peak_in_flight(schedule), [min(p - r, m) for r in range(p)]
+    if any(a > b for a, b in zip(peak, bound)):
+        return f"micro-batches in flight per rank {peak}; 1F1B holds at most {bound}"
+    return None
+
+
+@contextlib.contextmanager
+def executing(schedule):
+    """minipar's executor runs `schedule` (whatever --schedule says) while inside: the
+    forked ranks of a `train` call inherit the swapped plan."""
+    original = pipeline._plan
+    pipeline._plan = lambda name, p, m, v: p2p_plan(schedule)
+    try:
+        yield
+    finally:
+        pipeline._plan = original
+
+
+RUN_P, RUN_M, STEPS = 2, 4, 2      # the run on ranks: tiny, 2 pipeline ranks, 4 micro-batches
+
+
+def _losses(pp: int = 1) -> list[float]:
+    cfg = TrainConfig(parallel=ParallelConfig(pp=pp, microbatches=RUN_M if pp > 1 else 1),
+                      global_batch=RUN_M, seq_len=32, steps=STEPS, progress=False)
+    return [r["loss"] for r in train(cfg)["records"]]
+
+
+def _run_on_ranks(schedule) -> str | None:
+    """Train `tiny` for STEPS steps on RUN_P pipeline ranks with `schedule`; None when its
+    losses are one device's (float32: 1e-5 relative), else what differs."""
+    with executing(schedule):
+        got = _losses(RUN_P)
+    for step, (a, b) in enumerate(zip(got, _losses())):
+        if abs(a - b) > 1e-5 * abs(b):
+            return f"on {RUN_P} gloo ranks, step {step}: loss {a:.6f}, one device {b:.6f}"
+    return None
+
+
+@exercise("pipeline_parallel", "schedule")
+def check_one_f_one_b(fn) -> Verdict:
+    """fn(p, m) -> one list of actions per rank (`Action("F", i)` or ("F", i) tuples) for
+    1F1B: checked by the simulator (validity, makespan, memory) and the p2p plan, then run
+    by minipar's executor on 2 gloo ranks against one device's losses."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    for p, m in ONE_F_ONE_B_CASES:
+        try:
+            schedule = _as_actions(fn(p, m))
+        except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+            return wrong(f"fn({p}, {m}) raised {type(e).__name__}: {e}")
+        problem = _one_f_one_b_problem(schedule, p, m)
+        if problem:
+            return wrong(f"p = {p}, m = {m}: {problem}")
+    problem = _run_on_ranks(_as_actions(fn(RUN_P, RUN_M)))
+    if problem:
+        return wrong(problem)
+    return right(f"your schedule is 1F1B for every (p, m) in {list(ONE_F_ONE_B_CASES)}: the "
+                 "simulator's step, at most p - r in flight, a deadlock-free message order; "
+                 f"and run on {RUN_P} gloo ranks it gives one device's losses.")
+
+
+# ----------------------------------------------------------------- predict, then run
+@functools.lru_cache(maxsize=4)
+def measured_pipeline(schedule: str = "1f1b", p: int = 2, m: int = 4, steps: int = 2):
+    """Run `steps` of `tiny` on p pipeline ranks (gloo) with `--trace`, and return the last
+    step's measured timeline."""
+    path = tempfile.mkdtemp(prefix="minipar-pp-") + "/trace.json"
+    train(TrainConfig(parallel=ParallelConfig(pp=p, schedule=schedule, microbatches=m),
+                      global_batch=2 * m, seq_len=64, steps=steps, progress=False, trace=path))
+    events = load_trace(path)
+    last = max(e["step"] for e in events)
+    return timeline_from_events([e for e in events if e["step"] == last])
+
+
+def measured_durations(tl) -> tuple[float, float]:
+    """Mean forward and backward time of one action in a measured timeline."""
+    mean = lambda k: sum(e.end - e.start for e in tl.events if e.kind == k) / max(  # noqa: E731
+        1, sum(e.kind == k for e in tl.events))
+    return mean("F"), mean("B")
+
+
+@exercise("pipeline_parallel", "predict")
+def check_predict_bubble(prediction, p: int = 2, m: int = 4) -> Verdict:
+    """Predict the bubble fraction of 1F1B with p ranks and m micro-batches from the
+    chapter's model; minipar then runs it on p gloo ranks and the verdict reports the
+    measured bubble over the prediction, and what the simulator gives with the measured
+    action times (the model fed with the run's own durations)."""
+    if prediction is None:
+        return number(None, 0, "")
+    model = simulate(make_schedule("1f1b", p, m)).bubble_fraction
+    verdict = number(prediction, model, "the bubble fraction", rel=1e-3)
+    tl = measured_pipeline("1f1b", p, m)
+    t_f, t_b = measured_durations(tl)
+    fed = simulate(make_schedule("1f1b", p, m), t_f, t_b).bubble_fraction
+    verdict.message += (f" Run / prediction = {tl.bubble_fraction:.3f} / {float(prediction):.3f}"
+                        f" = {tl.bubble_fraction / float(prediction):.2f}; the simulator with the "
+                        f"run's mean F and B ({t_f * 1e3:.1f} and {t_b * 1e3:.1f} ms) gives "
+                        f"{fed:.3f}: the rest is time no action accounts for (transfers, "
+                        f"Python, cores shared with other work).") if float(prediction) else ""
+    return verdict
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

@@ -7,8 +7,10 @@ left, bandwidth-bound on the right. The notebook measures; these only draw.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
 
-from ...formulas import all_reduce_time
+from ...comm import ring_schedule
+from ...formulas import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
 
 # Bytes one rank sends, as a fraction of the message S, under the ring algorithm. Written
 # out here (not taken from minipar.formulas) so that the figure checks the log, not itself.
@@ -83,3 +85,132 @@ def plot_all_reduce_time(links: dict, sizes, measured: dict | None = None, ax=No
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     return ax
+
+
+def ring_states(n: int) -> list[tuple[str, list[int] | None, list[list[frozenset]]]]:
+    """The ring all-reduce of `comm.ring_schedule(n)`, played step by step: (title, the
+    chunk each rank sends at this step or None, held[r][c] = the ranks whose contribution
+    rank r's copy of chunk c holds after it). Pure."""
+    rs, ag = ring_schedule(n)
+    held = [[frozenset([r]) for _ in range(n)] for r in range(n)]
+    states = [("start: rank r holds its own x_r", None, held)]
+    for phase, schedule in (("reduce-scatter", rs), ("all-gather", ag)):
+        for k, sends in enumerate(schedule):
+            new = [row[:] for row in held]
+            for r in range(n):                      # r sends chunk sends[r] to r + 1
+                c, right = sends[r], (r + 1) % n
+                new[right][c] = held[right][c] | held[r][c] if phase == "reduce-scatter" \
+                    else held[r][c]
+            held = new
+            states.append((f"{phase} step {k + 1}", sends, held))
+    return states
+
+
+def plot_ring_steps(n: int = 4):
+    """One panel per step of a ring all-reduce over n ranks: rows are ranks, columns are the
+    n chunks of the tensor, each cell shaded by how many ranks' contributions that copy
+    holds (its number); a black frame marks the chunk a rank sends to its right neighbour
+    at that step. After n-1 reduce-scatter steps rank r's chunk r is complete; after n-1
+    all-gather steps every chunk is, on every rank."""
+    states = ring_states(n)
+    cols = n
+    rows = -(-len(states) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols, 2.3 * rows), squeeze=False)
+    cmap = plt.get_cmap("Blues")
+    for a, (title, sends, held) in zip(axes.flat, states):
+        for r in range(n):
+            for c in range(n):
+                k = len(held[r][c])
+                a.add_patch(Rectangle((c, r), 1, 1, facecolor=cmap(0.15 + 0.75 * k / n),
+                                      edgecolor="white"))
+                a.text(c + 0.5, r + 0.5, str(k), ha="center", va="center", fontsize=8,
+                       color="white" if k > n / 2 else "black")
+            if sends is not None:
+                a.add_patch(Rectangle((sends[r], r), 1, 1, fill=False, edgecolor="black",
+                                      linewidth=2))
+        a.set_xlim(0, n)
+        a.set_ylim(n, 0)
+        a.set_xticks([c + 0.5 for c in range(n)], [str(c) for c in range(n)], fontsize=7)
+        a.set_yticks([r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
+        a.set_title(title, fontsize=8)
+        a.set_aspect("equal")
+    for a in list(axes.flat)[len(states):]:
+        a.axis("off")
+    fig.supxlabel("chunk (S/n bytes each); number: contributions summed in this copy",
+                  fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_algorithms(n: int, size: float, alpha: float, bandwidth: float,
+                    algorithms=ALL_REDUCE_ALGORITHMS, ax=None):
+    """Bytes the busiest rank sends (over S) and the modelled time of an all-reduce of
+    `size` bytes over n ranks, one bar per algorithm of `formulas.all_reduce_cost`."""
+    if ax is None:
+        _, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    costs = {a: all_reduce_cost(a, n, size, alpha, bandwidth) for a in algorithms}
+    x = range(len(costs))
+    ax[0].bar(x, [b / size for b, _ in costs.values()], color="#4C72B0")
+    ax[1].bar(x, [t * 1e3 for _, t in costs.values()], color="#DD8452")
+    for a, unit in ((ax[0], "bytes sent by the busiest rank / S"), (ax[1], "time (ms), modelled")):
+        a.set_xticks(list(x), list(costs), fontsize=8)
+        a.set_ylabel(unit, fontsize=8)
+    for i, (b, t) in enumerate(costs.values()):
+        ax[0].text(i, b / size, f"{b / size:.3g}", ha="center", va="bottom", fontsize=8)
+        ax[1].text(i, t * 1e3, f"{t * 1e3:.3g}", ha="center", va="bottom", fontsize=8)
+    ax[0].set_yscale("log")
+    ax[1].set_yscale("log")
+    return ax
+
+
+def collective_states(op: str, n: int) -> tuple[list[list], list[list]]:
+    """(before, after) of collective `op` over n ranks, each as cells[r] = rank r's list of
+    chunks, a chunk being the frozenset of (rank, chunk) contributions it holds (None: the
+    rank holds nothing there). The definitions of the chapter's table, played on labels."""
+    own = [[frozenset([(r, c)]) for c in range(n)] for r in range(n)]
+    summed = [frozenset((q, c) for q in range(n)) for c in range(n)]
+    if op == "all_reduce":
+        return own, [list(summed) for _ in range(n)]
+    if op == "reduce_scatter":
+        return own, [[summed[c] if c == r else None for c in range(n)] for r in range(n)]
+    if op == "all_gather":
+        mine = [[own[r][c] if c == r else None for c in range(n)] for r in range(n)]
+        return mine, [[own[c][c] for c in range(n)] for _ in range(n)]
+    if op == "all_to_all":
+        return own, [[own[q][r] for q in range(n)] for r in range(n)]
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def plot_collectives(n: int = 4, ops=("all_reduce", "reduce_scatter", "all_gather", "all_to_all")):
+    """Before and after of each collective over n ranks (rows): a chunk coloured by the rank
+    its data came from, labelled "r.c" (rank r's chunk c); a summed chunk is grey and
+    labelled with a sum sign; a blank cell is not held."""
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2 * len(ops), figsize=(2.1 * len(ops) * 2, 0.45 * n + 1.2),
+                             gridspec_kw={"wspace": 0.15})
+    for k, op in enumerate(ops):
+        for j, (cells, when) in enumerate(zip(collective_states(op, n), ("before", "after"))):
+            a = axes[2 * k + j]
+            for r, row in enumerate(cells):
+                for c, chunk in enumerate(row):
+                    _draw_chunk(a, r, c, chunk, colors)
+            a.set_xlim(0, n)
+            a.set_ylim(n, 0)
+            a.set_xticks([])
+            a.set_yticks([r + 0.5 for r in range(n)],
+                         [f"rank {r}" for r in range(n)] if k == j == 0 else [], fontsize=7)
+            a.set_title(f"{op.replace('_', '-')}\n{when}" if j == 0 else f"\n{when}", fontsize=8)
+            a.set_aspect("equal")
+    return fig
+
+
+def _draw_chunk(a, r: int, c: int, chunk, colors):
+    """One cell of `plot_collectives`."""
+    if chunk is None:
+        a.add_patch(Rectangle((c, r), 1, 1, facecolor="white", edgecolor="#DDDDDD"))
+        return
+    (q, i), = chunk if len(chunk) == 1 else [(None, None)]
+    face = colors(q) if q is not None else "#BBBBBB"
+    label = f"{q}.{i}" if q is not None else "Σ." + str(next(iter(chunk))[1])
+    a.add_patch(Rectangle((c, r), 1, 1, facecolor=face, edgecolor="white", alpha=0.85))
+    a.text(c + 0.5, r + 0.5, label, ha="center", va="center", fontsize=6)

@@ -11,8 +11,10 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Polygon, Rectangle
 
-from ...formulas import cp_wire_bytes_per_step
-from ...parallel.context import attention_work, contiguous_chunks, local_positions, zigzag_chunks
+from ...config import ModelConfig
+from ...formulas import activation_elements, cp_wire_bytes_per_step, stage_layer_counts
+from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
+                                 local_positions, merge, ring_steps, zigzag_chunks)
 from ..style import COLORS, log2_ticks
 
 CP_LAYOUTS = {"contiguous": contiguous_chunks, "zigzag": zigzag_chunks}
@@ -161,3 +163,153 @@ def plot_allgather_mask(seq_len: int = 32, cp: int = 4, rank: int = 1, doc_lens=
     ax.set_title(f"rank {rank}'s mask after the all-gather"
                  + (f", documents {list(doc_lens)}" if doc_lens else ", causal"), fontsize=9)
     return ax
+
+
+# ------------------------------------------------------------------ on the chapter's page
+def plot_layouts(cp: int = 4):
+    """The naive and the zigzag layout side by side (the chapter's opening picture)."""
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 4))
+    plot_cp_layout(cp, "contiguous", axes[0])
+    plot_cp_layout(cp, "zigzag", axes[1])
+    fig.tight_layout()
+    return fig
+
+
+def _pair_cell(ax, x0, y0, size, pairs, colour):
+    """One rank's work at one ring step: its 2 query chunks (rows) x the block's 2 key
+    chunks (columns); a full square, a causal triangle, or nothing (skipped by the mask)."""
+    half = size / 2
+    for a in range(2):
+        for b in range(2):
+            x, y = x0 + b * half, y0 + a * half
+            ax.add_patch(Rectangle((x, y), half, half, facecolor="white", edgecolor="#DDDDDD",
+                                   linewidth=0.5))
+    for a, b, diagonal in pairs:
+        x, y = x0 + b * half, y0 + a * half
+        if diagonal:
+            ax.add_patch(Polygon([(x, y), (x, y + half), (x + half, y + half)], closed=True,
+                                 facecolor=colour, edgecolor="white"))
+        else:
+            ax.add_patch(Rectangle((x, y), half, half, facecolor=colour, edgecolor="white"))
+
+
+def plot_ring_steps(cp: int = 4, layout: str = "zigzag"):
+    """Ring attention, step by step (`ring_steps`): at step t rank r holds the K/V block of
+    rank (r - t) mod cp (the label) and computes the chunk pairs the causal mask keeps:
+    rows are its early and late query chunks, columns the block's early and late key
+    chunks. Arrows: each block moves on to rank r + 1 for the next step."""
+    chunks = CP_LAYOUTS[layout]
+    colours = _rank_colours(cp)
+    fig, ax = plt.subplots(figsize=(1.3 * cp + 1.6, 1.2 * cp + 0.8))
+    for r in range(cp):
+        for t, (src, pairs) in enumerate(ring_steps(r, cp, chunks)):
+            x0, y0 = t * 1.3, r * 1.2
+            _pair_cell(ax, x0, y0, 0.9, pairs, colours[src])
+            ax.text(x0 + 0.45, y0 + 1.03, f"K/V of rank {src}", ha="center", fontsize=6,
+                    color=colours[src])
+            if t < cp - 1 and r < cp - 1:    # this block goes on to rank r + 1
+                ax.annotate("", xy=(x0 + 1.3, y0 + 1.2 + 0.3), xytext=(x0 + 0.9, y0 + 0.6),
+                            arrowprops=dict(arrowstyle="->", color="#BBBBBB", lw=0.6))
+        ax.text(-0.15, r * 1.2 + 0.45, f"rank {r}\n{chunks(r, cp)}", ha="right", va="center",
+                fontsize=7)
+    for t in range(cp):
+        ax.text(t * 1.3 + 0.45, -0.25, f"step {t}", ha="center", fontsize=8)
+    ax.set_xlim(-1.1, cp * 1.3)
+    ax.set_ylim(cp * 1.2, -0.5)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    work = attention_work(2 * cp * 64, cp, chunks)
+    work = attention_work(2 * cp * 64, cp, chunks)
+    ax.set_title(f"ring attention, cp={cp}, {layout} chunks, work per rank / fair share: "
+                 f"{', '.join(f'{w * cp / sum(work):.2f}' for w in work)}\nrows: the rank's "
+                 f"query chunks (early, late); columns: the block's key chunks", fontsize=8)
+    return fig
+
+
+def plot_ulysses(cp: int = 4, heads: int = 8):
+    """DeepSpeed-Ulysses' all-to-all: before it, each rank holds s/cp tokens of every head
+    (columns: heads, rows: the sequence, coloured by owner); after it, the whole sequence
+    of heads/cp heads. The second all-to-all after attention trades back."""
+    colours = _rank_colours(cp)
+    fig, axes = plt.subplots(1, 3, figsize=(9, 3.2), gridspec_kw={"width_ratios": [4, 1.2, 4]})
+    per = heads // cp
+    for ax, by_heads in ((axes[0], False), (axes[2], True)):
+        for tok in range(cp):
+            for h in range(heads):
+                owner = h // per if by_heads else tok
+                ax.add_patch(Rectangle((h, tok), 1, 1, facecolor=colours[owner],
+                                       edgecolor="white", linewidth=1))
+        ax.set_xlim(0, heads)
+        ax.set_ylim(cp, 0)
+        ax.set_xticks([h + 0.5 for h in range(heads)])
+        ax.set_xticklabels([str(h) for h in range(heads)], fontsize=7)
+        ax.set_yticks([t + 0.5 for t in range(cp)])
+        ax.set_yticklabels([f"rank {t}'s tokens" for t in range(cp)], fontsize=7)
+        ax.set_xlabel("attention head")
+        ax.set_title("after: whole sequence, heads/cp heads each" if by_heads
+                     else "before: s/cp tokens, every head", fontsize=9)
+    axes[1].axis("off")
+    axes[1].annotate("", xy=(0.95, 0.5), xytext=(0.05, 0.5), xycoords="axes fraction",
+                     arrowprops=dict(arrowstyle="->", lw=2))
+    axes[1].text(0.5, 0.62, "all-to-all\n(q, k, v)", ha="center", fontsize=8,
+                 transform=axes[1].transAxes)
+    axes[1].text(0.5, 0.25, "and back\nafter attention\n(the output)", ha="center", fontsize=7,
+                 transform=axes[1].transAxes)
+    fig.suptitle(f"Ulysses, cp={cp}, {heads} heads: colour = the rank that holds the piece",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def cp_bytes_figure(model: str = "llama3-405b", tp: int = 8):
+    """`plot_cp_bytes` for a preset, all three implementations."""
+    axes = plot_cp_bytes(ModelConfig.preset(model), tp=tp, impls=("ring", "allgather", "ulysses"))
+    axes[0].figure.tight_layout()
+    return axes[0].figure
+
+
+def plot_long_context_memory(cps=(1, 4, 16), seq_lens=(8192, 16384, 32768, 65536, 131072)):
+    """Llama 3 405B, TP8 + SP, bf16: activations of one micro-batch through the fullest
+    pipeline stage of PP16 (formulas.activation_elements: Korthikanti's count for fused
+    kernels), per GPU, against the sequence length for each CP degree."""
+    m = ModelConfig.preset("llama3-405b")
+    per_token = activation_elements(m, 8, True, "none") * 2 * max(stage_layer_counts(m.n_layers, 16))
+    fig, ax = plt.subplots(figsize=(5.8, 3.4))
+    for i, cp in enumerate(cps):
+        ax.plot(seq_lens, [per_token * s / cp / 1e9 for s in seq_lens], marker="os^D"[i % 4],
+                label=f"cp={cp}")
+    ax.axhline(80 * 2**30 / 1e9, color="black", linestyle="--", linewidth=1)
+    ax.text(seq_lens[0], 80 * 2**30 / 1e9 * 1.1, "H100: 80 GiB", fontsize=8)
+    log2_ticks(ax, seq_lens, "sequence length", [f"{s // 1024}K" for s in seq_lens])
+    ax.set_yscale("log", base=2)
+    ax.set_ylabel("GB per GPU, one micro-batch")
+    ax.set_title("Llama 3 405B, TP8+SP, one PP16 stage: activations (modelled)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lse_merge(n_keys: int = 12, split: int = 5, seed: int = 0):
+    """One query against n_keys keys, in two blocks (the first `split` keys, the rest):
+    each block's own softmax (left), the merged weights exp(l_j - l) times each block's
+    softmax (right), and the softmax over all keys (dots), from block_forward and merge."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, 1, 1, 1, 4, generator=gen), torch.randn(1, n_keys, 1, 4, generator=gen)
+    eye = torch.eye(n_keys).reshape(1, n_keys, 1, n_keys)     # v = one-hot: out = the weights
+    blocks = [(0, split), (split, n_keys)]
+    parts = [block_forward(q, k[:, a:b], eye[:, a:b], False, 0.5) for a, b in blocks]
+    merged, _ = merge(*parts[0], *parts[1])
+    whole, _ = block_forward(q, k, eye, False, 0.5)
+    fig, axes = plt.subplots(1, 2, figsize=(8, 2.6), sharey=True)
+    for (o, _), (a, b), colour in zip(parts, blocks, (COLORS["ring"], COLORS["allgather"])):
+        axes[0].bar(range(a, b), o.flatten()[a:b].tolist(), color=colour)
+        axes[1].bar(range(a, b), merged.flatten()[a:b].tolist(), color=colour)
+    axes[1].plot(range(n_keys), whole.flatten().tolist(), "k.", label="softmax over all keys")
+    axes[0].set_title("each block normalised on its own", fontsize=9)
+    axes[1].set_title("merged: reweighted by exp(l_j - l)", fontsize=9)
+    axes[1].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("key")
+    axes[0].set_ylabel("attention weight")
+    fig.tight_layout()
+    return fig

@@ -9,8 +9,14 @@ these only draw.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import Rectangle
 
 from ... import profile
+from ...config import ModelConfig
+from ...formulas import bucket_timeline, zero_bytes_per_param, zero_shards
+from ...model import Transformer
+from ...parallel.data import make_buckets
 from ..style import COLORS, MEMORY_PARTS, formula_marks, stacked_bars
 
 
@@ -161,4 +167,84 @@ def plot_loss_curves(curves: dict, reference: str, ax=None):
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
+    return ax
+
+
+def plot_zero_shards(n: int = 4, param: float = 2, grad: float = 2, optimizer: float = 12):
+    """What each rank holds under ZeRO-0..3, from `formulas.zero_shards` and
+    `zero_bytes_per_param`: one panel per stage, one row per rank, each part a bar as long
+    as its bytes per parameter; a sharded part is cut in n pieces and rank r keeps the r-th
+    (solid), the rest it does not hold (hatched outline)."""
+    fig, axes = plt.subplots(1, 4, figsize=(12, 1.0 + 0.45 * n), sharey=True)
+    for stage, a in enumerate(axes):
+        shards = zero_shards(stage, n)
+        held = zero_bytes_per_param(stage, n, param, grad, optimizer)
+        full = {"params": param, "grads": grad, "optimizer": optimizer}
+        for r in range(n):
+            left = 0.0
+            for part in MEMORY_PARTS:
+                width, k = full[part], shards[part]
+                a.add_patch(Rectangle((left, r + 0.1), width, 0.8, fill=False, hatch="///",
+                                      edgecolor=COLORS[part], linewidth=0.5))
+                piece = width / k
+                start = left + (r % k) * piece if k > 1 else left
+                a.add_patch(Rectangle((start, r + 0.1), piece, 0.8, color=COLORS[part],
+                                      label=part if (r == 0 and stage == 0) else None))
+                left += width
+        total = sum(held.values())
+        a.set_title(f"ZeRO-{stage}: {total:.3g} bytes/param per rank", fontsize=9)
+        a.set_xlim(0, param + grad + optimizer)
+        a.set_ylim(n, 0)
+        a.set_yticks([r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
+        a.set_xlabel("bytes per parameter", fontsize=8)
+    fig.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 1.08),
+               frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def model_buckets(model: ModelConfig, bucket_mb: float) -> list[tuple[int, int]]:
+    """(bytes, parameters before it is complete) of each bucket `make_buckets` gives the
+    float32 `model`, in backward order. Built on the meta device: shapes, no memory."""
+    with torch.device("meta"):
+        params = list(Transformer(model, seed=None).parameters())
+    out, done = [], 0
+    for bucket in make_buckets(params, bucket_mb):
+        done += sum(p.numel() for p in bucket)
+        out.append((sum(p.numel() * p.element_size() for p in bucket), done))
+    return out
+
+
+def plot_bucket_overlap(model: str = "tiny", n: int = 8, bucket_mbs=(0, 0.25),
+                        backward_s: float = 0.02, alpha: float = 20e-6,
+                        bandwidth: float = 1e9, ax=None):
+    """Modelled, not measured: one step's backward (gradients produced at a constant rate
+    per parameter, last layer first) and each bucket's all-reduce on one link
+    (`formulas.bucket_timeline`), for each bucket size (0: naive, every parameter its own
+    all-reduce, all after the backward). The dashed line: every gradient summed."""
+    cfg = ModelConfig.preset(model)
+    if ax is None:
+        _, ax = plt.subplots(len(bucket_mbs), 1, figsize=(8, 1.6 * len(bucket_mbs) + 0.6),
+                             sharex=True, squeeze=False)
+        ax = ax[:, 0]
+    for a, mb in zip(ax, bucket_mbs):
+        buckets = model_buckets(cfg, mb)
+        total = buckets[-1][1]
+        ready = [backward_s * (done / total if mb else 1.0) for _, done in buckets]
+        spans = bucket_timeline([b for b, _ in buckets], ready, n, alpha, bandwidth)
+        a.barh(0, backward_s, color=COLORS["backward"], edgecolor="black", linewidth=0.5,
+               label="backward")
+        for i, (t0, t1) in enumerate(spans):
+            a.barh(1, t1 - t0, left=t0, color=COLORS["sync"],
+                   edgecolor="black" if len(spans) < 30 else "none", linewidth=0.5,
+                   label="all-reduce" if i == 0 else None)
+        end = spans[-1][1]
+        a.axvline(end, color="black", linestyle="--", linewidth=1)
+        name = "naive: one all-reduce per parameter" if mb == 0 else f"{mb:g} MB buckets"
+        a.set_title(f"{name}: {len(spans)} all-reduces, gradients summed at "
+                    f"{end * 1e3:.1f} ms (backward ends at {backward_s * 1e3:.0f} ms)", fontsize=9)
+        a.set_yticks([0, 1], ["compute", "link"], fontsize=8)
+        a.set_ylim(1.6, -0.6)
+    ax[0].legend(fontsize=8, loc="upper right")
+    ax[-1].set_xlabel("seconds into the backward pass (model: alpha-beta, one link)")
     return ax

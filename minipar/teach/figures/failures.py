@@ -6,15 +6,25 @@ curves that show a resumed run continues the one that failed.
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+import math
 
+import matplotlib.pyplot as plt
+import numpy as np
+
+import torch
+
+from ...checkpoint import expected_waste, tp_local, young_interval
+from ...parallel.zero import FlatShards
+from ..exercises.failures import broken_commit, crash_table, safe_commit
+from ..numbers import failures as facts
 from ..style import COLORS, FAILURE_CATEGORIES
 
 
-def plot_interruptions(rows, ax=None):
-    """Interruptions per root cause, from (component, category, count, percent) rows: bars
-    of the counts coloured by category, each labelled with the printed percentage and the
-    percentage its count implies."""
+def plot_interruptions(rows=None, ax=None):
+    """Interruptions per root cause, from (component, category, count, percent) rows
+    (default: the paper's Table 5): bars of the counts coloured by category, each labelled
+    with the printed percentage and the percentage its count implies."""
+    rows = facts.TABLE5 if rows is None else rows
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 5))
     total = sum(r[2] for r in rows)
@@ -57,6 +67,27 @@ def plot_checkpoint_waste(intervals_s, waste: dict, optima: dict, ax=None):
     return ax
 
 
+def llama3_waste_curves(intervals_s=None):
+    """(intervals, {label: waste per interval}, {label: Young's interval}) for Llama 3 405B's
+    checkpoint (`numbers.failures.checkpoint_bytes`) at the job's MTBF: written at Tectonic's
+    2 TB/s, at a tenth of it, and a five-minute stall."""
+    intervals = list(np.geomspace(20, 4 * 3600, 300)) if intervals_s is None else intervals_s
+    fast = facts.checkpoint_bytes() / (facts.TECTONIC_TBps * 1e12)
+    writes = {f"write {fast:.1f} s (2 TB/s)": fast, f"write {10 * fast:.0f} s (200 GB/s)": 10 * fast,
+              "write 300 s (a stall)": 300.0}
+    m = facts.mtbf_s()
+    waste = {k: [expected_waste(t, d, m) for t in intervals] for k, d in writes.items()}
+    return intervals, waste, {k: young_interval(d, m) for k, d in writes.items()}
+
+
+def plot_llama3_waste():
+    """Time lost against the checkpoint interval for Llama 3 405B (`llama3_waste_curves`)."""
+    ax = plot_checkpoint_waste(*llama3_waste_curves())
+    ax.set_title(f"Llama 3 405B, one failure every {facts.mtbf_s() / 3600:.1f} h: writing "
+                 "(left) against redoing (right)", fontsize=9)
+    return ax
+
+
 def plot_restart_curves(curves: dict, events: dict | None = None, ax=None):
     """Loss curves given as label -> (steps, losses); the first is drawn wide underneath so
     that coinciding curves show as coinciding. `events`: label -> step, drawn as vertical
@@ -76,3 +107,66 @@ def plot_restart_curves(curves: dict, events: dict | None = None, ax=None):
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
     return ax
+
+
+def plot_commit_protocol():
+    """A checkpoint commit crashed at every moment, the safe protocol against a broken one:
+    a row per moment (between operations, and in the middle of each write), what a resume
+    would find (latest's content, the directories), green where it can trust it and red
+    where it cannot. Drawn from `exercises.failures.crash_table`, what `check_commit` runs."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, (title, commit) in zip(axes, (("the protocol of checkpoint.save", safe_commit),
+                                          ("a broken commit", broken_commit))):
+        rows = crash_table(commit)
+        for y, (when, files, wrong) in enumerate(rows):
+            colour = "#D8EED8" if wrong is None else "#F6D0D0"
+            ax.add_patch(plt.Rectangle((0, -y - 1), 1, 1, color=colour, transform=ax.transData))
+            latest = files.get("ckpt/latest", "-").strip() or "(empty)"
+            dirs = sorted({p.split("/")[1] for p in files if p.count("/") == 2})
+            ax.text(0.01, -y - 0.5, when.replace("operation", "op"), fontsize=6.5, va="center")
+            ax.text(0.52, -y - 0.5, f"latest -> {latest!r}; " + ", ".join(d[5:] for d in dirs),
+                    fontsize=6.5, va="center", family="monospace")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-len(rows), 0)
+        ax.axis("off")
+        ax.set_title(title + " (green: a resume can trust the directory)", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def owners(shape, tp_dim, tp: int, dp: int, zero: bool) -> torch.Tensor:
+    """Which rank (tp_rank + tp * dp_rank) holds each element of a tensor of `shape`: the
+    TP chunk `checkpoint.tp_local` cuts, then, under ZeRO, the `FlatShards` piece of it."""
+    index = torch.arange(math.prod(shape)).view(shape)
+    owner = torch.empty(math.prod(shape), dtype=torch.long)
+    for t in range(tp):
+        local = tp_local(index, tp_dim, t, tp).reshape(-1)
+        for d in range(dp if zero else 1):
+            a, b = FlatShards([local.shape], dp).piece_range(0, d) if zero else (0, len(local))
+            owner[local[a:b]] = t + tp * d
+    return owner.view(shape)
+
+
+def plot_resharding(shape=(6, 5), tp_dim=0, save=(2, 2), load=(3, 1)):
+    """One weight through a checkpoint: coloured by the rank that saved each element (TP x
+    DP with ZeRO, `save` = (tp, dp)), rebuilt whole (`checkpoint.full_tensor`), and cut again
+    for the loading layout (`load`, same rule)."""
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+    panels = [(f"saved by tp={save[0]} x dp={save[1]} (ZeRO pieces)", owners(shape, tp_dim, *save, True)),
+              ("rebuilt whole on load", torch.zeros(shape, dtype=torch.long)),
+              (f"cut for tp={load[0]} x dp={load[1]}", owners(shape, tp_dim, *load, load[1] > 1))]
+    cmap = plt.get_cmap("tab10")
+    for ax, (title, owner) in zip(axes, panels):
+        colours = [[cmap(int(r) % 10) if "whole" not in title else (0.85, 0.85, 0.85, 1)
+                    for r in row] for row in owner]
+        ax.imshow(colours, aspect="equal")
+        if "whole" not in title:
+            for (i, j), r in np.ndenumerate(owner.numpy()):
+                ax.text(j, i, str(r), ha="center", va="center", fontsize=6, color="white")
+        ax.set_title(title, fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"a [{shape[0]}, {shape[1]}] weight split along dim {tp_dim}: the number in "
+                 "each element is the rank that holds it", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -11,6 +11,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
+from ...costmodel import LLAMA3_CLUSTER, rules
+from ...formulas import bubble_fraction
 from ...grid import AXES, ProcessGrid
 from ..style import AXIS_NAMES, COLORS
 
@@ -145,3 +147,62 @@ def plot_plan(labels, breakdowns: list[dict], mfus: list[float]):
     ax.legend(fontsize=7, ncol=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ the grid on the machines
+def plot_replicas_on_pods(tp: int = 8, cp: int = 1, pp: int = 16, dp: int = 64,
+                         gpus_per_node: int = 8, gpus_per_rack: int = 16, pod_size: int = 3072):
+    """The [TP, CP, PP, DP] grid laid onto servers, racks and pods. Ranks are consecutive
+    GPUs, so one model replica (dp coordinate, `ProcessGrid.coords`) is a row of t*c*p GPUs;
+    the colour is the pod each GPU sits in; thin lines are servers, thicker ones racks.
+    Beside it, the link each axis's group crosses (`costmodel.hardware`)."""
+    grid = ProcessGrid(tp, cp, pp, dp)
+    replica = tp * cp * pp
+    pods = [[(r * replica + i) // pod_size for i in range(replica)] for r in range(dp)]
+    assert all(grid.coords(r * replica)["dp"] == r for r in range(dp))
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 1.3]})
+    ax.imshow(pods, aspect="auto", cmap="Pastel1", interpolation="nearest",
+              extent=(0, replica, dp, 0))
+    if replica // gpus_per_node <= 64:          # more servers than that: lines hide the colour
+        for x in range(0, replica + 1, gpus_per_node):
+            ax.axvline(x, color="grey", lw=0.3 if x % gpus_per_rack else 0.9)
+    straddle = [r for r in range(dp) if len(set(pods[r])) > 1]
+    for r in straddle:
+        ax.add_patch(Rectangle((0, r), replica, 1, fill=False, edgecolor="black", lw=1.2))
+    ax.set(xlabel=f"GPU within one model replica (TP x CP x PP = {replica}); servers of "
+                  f"{gpus_per_node}, racks of {gpus_per_rack}",
+           ylabel=f"DP replica (of {dp})",
+           title=f"TP{tp} CP{cp} PP{pp} DP{dp} on pods of {pod_size:,}: colour = pod"
+                 + (f"; boxed: {len(straddle)} replicas straddle two pods" if straddle else ""))
+    side.axis("off")
+    side.text(0, 1, "\n\n".join(_axis_links(tp, cp, pp, dp, gpus_per_node, pod_size)),
+              va="top", fontsize=9, family="monospace")
+    fig.tight_layout()
+    return fig
+
+
+def _axis_links(tp, cp, pp, dp, gpus_per_node, pod_size) -> list[str]:
+    """One line per axis: its group's span in GPUs and the slowest link it crosses."""
+    strides = {"TP": (1, tp), "CP": (tp, cp), "PP": (tp * cp, pp), "DP": (tp * cp * pp, dp)}
+    out = []
+    for name, (stride, size) in strides.items():
+        span = stride * (size - 1) + 1
+        link = ("-" if size == 1 else "NVLink" if span <= gpus_per_node
+                else "NICs, one pod" if span <= pod_size else "NICs, across pods")
+        out.append(f"{name}{size:<5} spans {span:>6,} GPUs\n       {link}")
+    return out
+
+
+# ------------------------------------------------------------------ the rules, as the page draws them
+def tp_rule(widths=(2048, 4096, 8192, 16384), degrees=(2, 4, 8, 16)):
+    """Rule 2 from `costmodel.rules.tp_ratio` on Llama 3's cluster (`plot_tp_threshold`)."""
+    ratio = lambda t, h, o: rules.tp_ratio(rules.llama_of_width(h), t, LLAMA3_CLUSTER, overlap=o)  # noqa: E731
+    return plot_tp_threshold(list(widths), {t: [ratio(t, h, False) for h in widths] for t in degrees},
+                             {t: [max(ratio(t, h, True), 1e-3) for h in widths] for t in degrees})
+
+
+def bubble_rule(ms=(4, 8, 16, 32, 64, 128), layouts=((4, 1), (16, 1), (16, 8))):
+    """Rule 3: `formulas.bubble_fraction` against micro-batches (`plot_bubble_threshold`)."""
+    return plot_bubble_threshold(list(ms), {
+        f"p={p} v={v}": [bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v) for m in ms]
+        for p, v in layouts})

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ...config import ModelConfig
+from ...costmodel.constants import BF16_MIXED, FP32
+from ...formulas import in_flight_chunks, layer_saved_breakdown
+from ..numbers.memory import budgets      # the same computation the prose states
 from ..style import BLUE, COLORS, GREEN, ORANGE, PURPLE, lighter, stacked_bars
 
 PARTS = ("params", "grads", "optimizer", "activations")
@@ -102,3 +106,101 @@ def plot_table4_budget(budgets: dict, hbm_gib: float = 80.0, ax=None):
     ax.legend(fontsize=7, loc="upper left", ncol=4)
     ax.set_title("Llama 3 405B, Table 4 layouts: the most loaded GPU", fontsize=10)
     return ax
+
+
+# ------------------------------------------------------------------ on the chapter's page
+WHO = {"params": "TP, PP split them; ZeRO-3 shards", "grads": "ZeRO-2 shards them",
+       "optimizer": "ZeRO-1 shards it", "activations": "batch, s, TP+SP, CP, schedule, recompute"}
+
+
+def plot_four_parts(row: int = 0, zero: int = 2):
+    """The four parts of the fullest GPU of one Table 4 row (the cost model's bf16 count),
+    one bar each, with what decides its size."""
+    entry = budgets()[row]
+    parts = entry[zero]
+    fig, ax = plt.subplots(figsize=(7.5, 2.6))
+    for y, part in enumerate(PARTS):
+        gb = parts[part] / 1e9
+        ax.barh(y, gb, color=COLORS[part])
+        ax.text(gb + 0.8, y, f"{gb:.1f} GB   ({WHO[part]})", va="center", fontsize=8)
+    ax.set_yticks(range(len(PARTS)))
+    ax.set_yticklabels(["parameters", "gradients", "optimizer state", "activations"])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(parts[p] for p in PARTS) / 1e9 * 2.3)
+    ax.set_xlabel("GB on the fullest GPU (cost model, bf16 mixed precision)")
+    r = entry["row"]
+    ax.set_title(f"Llama 3 405B, Table 4 row {row + 1} (TP{r.tp} CP{r.cp} PP{r.pp} DP{r.dp}), "
+                 f"pipeline rank {entry['stage']}, ZeRO-{zero}: {parts['total'] / 1e9:.1f} GB",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_in_flight(pp: int = 4, microbatches: int = 8, virtual_stages: int = 2):
+    """Micro-batches whose activations each pipeline rank holds at its peak, by schedule
+    (`formulas.in_flight_chunks`, summed over the rank's chunks; interleaved counts
+    chunk-forwards, each 1/v of a stage)."""
+    schedules = {"afab": 1, "1f1b": 1, "zb": 1, "interleaved": virtual_stages}
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    width = 0.8 / len(schedules)
+    for i, (name, v) in enumerate(schedules.items()):
+        counts = [sum(in_flight_chunks(name, pp, microbatches, r, v)) / v for r in range(pp)]
+        ax.bar([r + (i - 1.5) * width for r in range(pp)], counts, width, label=name,
+               color=COLORS.get({"afab": "contiguous", "1f1b": "F", "zb": "W",
+                                 "interleaved": "B"}[name]))
+    ax.set_xticks(range(pp))
+    ax.set_xticklabels([f"rank {r}" for r in range(pp)])
+    ax.set_ylabel("micro-batches in flight\n(stage-equivalents)")
+    ax.set_title(f"activations held at the peak: p={pp}, m={microbatches}, "
+                 f"interleaved v={virtual_stages}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def layer_breakdown_figure(model: str = "tiny", modes=("none", "selective", "full")):
+    """`plot_layer_breakdown` of one preset's layer, for each recompute mode of `modes`."""
+    cfg = ModelConfig.preset(model)
+    ax = plot_layer_breakdown({f"{model}, {m}": layer_saved_breakdown(cfg, recompute=m)
+                               for m in modes})
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def table4_budget_figure():
+    """`plot_table4_budget` of the three Table 4 rows, gradients whole and sharded."""
+    data = {}
+    for i, entry in enumerate(budgets(), 1):
+        r = entry["row"]
+        for zero in (1, 2):
+            data[f"row {i}: CP{r.cp} DP{r.dp}\nZeRO-{zero}"] = {
+                p: entry[zero][p] / 1e9 for p in PARTS}
+    ax = plot_table4_budget(data)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def plot_precision_bytes():
+    """Bytes per parameter of the model state, by part: minipar on a CPU (fp32, Adam) and
+    Llama 3's mixed precision (bf16 weights, fp32 gradients, fp32 master weights + m + v)."""
+    rows = {"fp32 (minipar on CPU)": FP32, "bf16 mixed (Llama 3)": BF16_MIXED}
+    fig, ax = plt.subplots(figsize=(7, 2.2))
+    for y, (label, p) in enumerate(rows.items()):
+        left = 0
+        pieces = [("params", p.param_bytes, "weights"), ("grads", p.grad_bytes, "grads")]
+        if p.optimizer_bytes > 8:
+            pieces.append(("optimizer", p.optimizer_bytes - 8, "master"))
+        pieces += [("optimizer", 4, "m"), ("optimizer", 4, "v")]
+        for part, nbytes, name in pieces:
+            ax.barh(y, nbytes, left=left, color=COLORS[part], edgecolor="white")
+            ax.text(left + nbytes / 2, y, f"{name}\n{nbytes}", ha="center", va="center",
+                    fontsize=7, color="white")
+            left += nbytes
+        ax.text(left + 0.2, y, f"{left} bytes", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(rows))
+    ax.invert_yaxis()
+    ax.set_xlim(0, 22)
+    ax.set_xlabel("bytes per parameter (before any sharding)")
+    fig.tight_layout()
+    return fig

@@ -13,6 +13,8 @@ from matplotlib.patches import Rectangle
 
 from ...costmodel import (LLAMA3_CLUSTER, LLAMA3_EFFICIENCY, TABLE4, table4, table4_fit_counts,
                           wire_seconds)
+from ...config import ModelConfig
+from ...flops import attention_flops_per_token, dense_flops_per_token
 from ..style import AXES, AXIS_NAMES, COLORS, stacked_bars
 
 
@@ -164,3 +166,26 @@ def measured_vs_predicted_figure(measured: dict, predicted: dict, title: str = "
     ax.set_title(title or "tiny gloo run: measured vs predicted", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def flops_per_token_figure(model_name: str = "llama3-405b", seq_lens=(2048, 8192, 32768, 131072)):
+    """Model FLOPs per token of a training step (PaLM's convention), stacked: the weight
+    matmuls 6N, the same at every length, and attention's 12 L h s, which grows with it."""
+    m = ModelConfig.preset(model_name)
+    dense = [dense_flops_per_token(m) / 1e12] * len(seq_lens)
+    attention = [attention_flops_per_token(m, s) / 1e12 for s in seq_lens]
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    xs = range(len(seq_lens))
+    ax.bar(xs, dense, color=COLORS["compute"], label="6N: weight matmuls")
+    ax.bar(xs, attention, bottom=dense, color=COLORS["cp"], label="12 L h s: attention scores")
+    for x, d, a in zip(xs, dense, attention):
+        ax.text(x, d + a, f"{100 * a / (d + a):.0f}% attention", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"s = {s:,}" for s in seq_lens], fontsize=8)
+    ax.set_ylabel("TFLOP per token")
+    ax.set_ylim(0, 1.15 * (dense[-1] + attention[-1]))
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"{m.name}: FLOPs per token of a training step", fontsize=10)
+    fig.tight_layout()
+    return fig
+

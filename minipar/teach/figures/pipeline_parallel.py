@@ -11,7 +11,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from ...formulas import bubble_fraction
 from ...parallel.pipeline import load_trace
-from ...parallel.schedules import Timeline, simulate, timeline_from_events
+from ...parallel.schedules import Timeline, make_schedule, simulate, timeline_from_events
 from ..style import COLORS, GREY, lighter
 
 PASSES = ("F", "B", "W")
@@ -76,3 +76,15 @@ def plot_bubble_vs_microbatches(n_stages: int = 4, microbatches=range(1, 33), n_
     ax.set_title(f"p = {n_stages} stages", fontsize=9)
     ax.legend(fontsize=8)
     return ax
+
+
+def plot_named_schedule(name: str, p: int = 4, m: int = 8, v: int = 1, t_f: float = 1.0,
+                        t_b: float = 2.0, t_w: float = 0.0, ax=None, title=None):
+    """`plot_schedule` of `make_schedule(name, p, m, v)`, timed by `simulate` (what the
+    chapter's pages draw: their figure directive passes only literals)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.5 * p + 1.2))
+    tl = simulate(make_schedule(name, p, m, v), t_f, t_b, t_w)
+    return plot_schedule(tl, ax=ax, title=title or (
+        f"{name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")
+        + f": bubble {tl.bubble_fraction:.1%} (simulated)"))

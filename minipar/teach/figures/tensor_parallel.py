@@ -2,15 +2,19 @@
 
 Model state per rank as t grows (each weight matrix split t ways), the bytes one rank sends
 per step with and without sequence parallelism against their formulas, and the activations
-a rank keeps for the backward, and the ring steps of the collective matmul (`--tp-overlap`).
+a rank keeps for the backward, the ring steps of the collective matmul (`--tp-overlap`),
+and the block itself: Megatron's f and g, or SP's all-gather and reduce-scatter, around
+each rank's column- and row-parallel linears, read from `TP_PLAN`.
 The notebook measures (CommLog, memory counts, step times); these draw.
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch
 
 from ...parallel.collective_matmul import gather_chunk, scatter_chunk
-from ..style import COLORS, MEMORY_PARTS, formula_marks, log2_ticks, stacked_bars
+from ...parallel.tensor import TP_PLAN
+from ..style import COLORS, MEMORY_PARTS, formula_marks, lighter, log2_ticks, stacked_bars
 
 
 def plot_tp_memory(measured: dict, formula: dict | None = None, unit: float = 1e6,
@@ -108,3 +112,78 @@ def plot_collective_matmul(t: int = 4, axes=None):
                             f"(colour = sequence chunk), arrow = the chunk in flight meanwhile",
                             fontsize=9)
     return axes
+
+
+# ------------------------------------------------------------------ the Megatron block
+INNER_OP = {"self_attn": "attention\n(its heads)", "mlp": "silu(gate) * up\n(its units)"}
+SEQ_REGION = {False: "[b, s, h] on every rank", True: "[b, s/t, h]: rank r's tokens"}
+
+
+def block_plan(plan=None) -> list[tuple[str, list[str], list[str]]]:
+    """(sub-block, its column-parallel linears, its row-parallel linears) of one layer, in
+    order, read from `TP_PLAN` (the table `apply_tensor_parallel` applies)."""
+    plan = TP_PLAN if plan is None else plan
+    out = []
+    for pattern, style in plan:
+        parts = pattern.split(".")
+        if style == "enter" and parts[0] == "layers":
+            out.append((parts[-1], [], []))
+        elif style in ("colwise", "rowwise") and out and parts[-2] == out[-1][0]:
+            out[-1][1 if style == "colwise" else 2].append(parts[-1].removesuffix("_proj"))
+    return out
+
+
+def _box(ax, x, y, w, h, text, colour, fontsize=7, alpha=0.9):
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02",
+                                facecolor=colour, edgecolor="black", linewidth=0.6, alpha=alpha))
+    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, x0, y0, x1, y1, colour="black"):
+    ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(arrowstyle="->", color=colour, lw=0.8))
+
+
+def _collective(sp: bool, enter: bool) -> tuple[str, str]:
+    """(label, colour) of the collective that enters or leaves a TP region."""
+    if sp:
+        return (("all-gather\nalong s", COLORS["all_gather"]) if enter else
+                ("reduce-\nscatter\nalong s", COLORS["reduce_scatter"]))
+    return (("f\nfwd: identity\nbwd:\nall-reduce", "white") if enter else
+            ("g\nfwd:\nall-reduce\nbwd: identity", COLORS["all_reduce"]))
+
+
+def plot_megatron_block(t: int = 2, sp: bool = False, ax=None):
+    """One transformer block under tensor parallelism over t ranks, as `TP_PLAN` splits it:
+    per sub-block, a norm on the replicated (or, with `sp`, sequence-sharded) activation,
+    the collective that enters the region (f, or SP's all-gather), each rank's
+    column-parallel linears, its share of attention or SwiGLU, its row-parallel linear, and
+    the collective that leaves (g, or SP's reduce-scatter). Rows are ranks."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(13, 1.0 + 0.8 * t))
+    lanes = [t - 1 - r - (t - 1) / 2 for r in range(t)]
+    x = 0.0
+    for name, cols, rows in block_plan():
+        _box(ax, x, 0, 0.9, 0.8 * t, "RMSNorm\n" + ("1/t of the\ntokens" if sp else "replicated"),
+             lighter(COLORS["tp"], 0.7))
+        label, colour = _collective(sp, True)
+        _arrow(ax, x + 0.45, 0, x + 0.75, 0)
+        _box(ax, x + 1.3, 0, 1.0, 0.8 * t, label, colour, fontsize=6)
+        for r, y in enumerate(lanes):
+            _arrow(ax, x + 1.8, 0, x + 2.1, y)
+            _box(ax, x + 2.6, y, 0.95, 0.6, "col-parallel\n" + ", ".join(cols) + f" (r{r})", lighter(COLORS["tp"], 0.4), 6)
+            _box(ax, x + 3.75, y, 1.05, 0.6, INNER_OP.get(name, name), "white", 6)
+            _box(ax, x + 4.9, y, 0.95, 0.6, "row-parallel\n" + ", ".join(rows) + f" (r{r})", lighter(COLORS["tp"], 0.2), 6)
+            _arrow(ax, x + 5.4, y, x + 5.75, 0)
+        label, colour = _collective(sp, False)
+        _box(ax, x + 6.3, 0, 1.0, 0.8 * t, label, colour, fontsize=6)
+        _arrow(ax, x + 6.8, 0, x + 7.3, 0)
+        ax.text(x + 7.05, 0.45 * t, "+ residual", fontsize=6, ha="center")
+        x += 7.8
+    ax.text(-0.5, -0.55 * t, "between sub-blocks: " + SEQ_REGION[sp], fontsize=7, ha="left")
+    ax.set_xlim(-0.6, x - 0.4)
+    ax.set_ylim(-0.65 * t, 0.6 * t)
+    ax.axis("off")
+    ax.set_title(f"one block under TP over t = {t} ranks" + (" with sequence parallelism" if sp else "")
+                 + ": " + ", ".join(f"{n} ({'+'.join(c)} | {'+'.join(r)})" for n, c, r in block_plan()),
+                 fontsize=9)
+    return ax

@@ -1,8 +1,72 @@
-"""The numbers the cluster chapter states (book/cluster.md), computed once."""
+"""The numbers the cluster chapter states (book/cluster.md), computed once from where ranks
+land on the cluster (`minipar.placement`)."""
 from __future__ import annotations
 
-from .core import Number
+from ...config import ModelConfig
+from ...costmodel.hardware import LLAMA3_CLUSTER, collective_steps
+from ...costmodel.table4 import TABLE4
+from ...formulas import param_count, wire_bytes
+from ...grid import ProcessGrid
+from ...placement import groups, ring_links, straddling_replicas
+from .core import Number, assumed, derived, paper
+
+def _table4() -> dict[str, Number]:
+    c, row1, row3 = LLAMA3_CLUSTER, TABLE4[0], TABLE4[2]
+    model1 = row1.tp * row1.cp * row1.pp
+    model3 = row3.tp * row3.cp * row3.pp
+    grid1 = ProcessGrid(row1.tp, row1.cp, row1.pp, row1.dp)
+    dp_pods = len({r // c.pod_size for r in groups(grid1, "dp")[0]})
+    straddle = straddling_replicas(model3, row3.gpus, c.pod_size)
+    return {
+        "row1_replicas_per_pod": derived(c.pod_size // model1, source="3,072 / 128"),
+        "row1_dp_pods": derived(dp_pods, source="pods one DP group of row 1 touches"),
+        "row1_pp_servers": derived(row1.pp, source="one server per stage: TP 8 fills it"),
+        "row3_straddling": derived(len(straddle), source="replicas crossing a pod boundary"),
+    }
+
+
+def _links() -> dict[str, Number]:
+    """One TP all-reduce of Llama 3 405B's activation, inside a server and across one."""
+    m, row1, c = ModelConfig.preset("llama3-405b"), TABLE4[0], LLAMA3_CLUSTER
+    size = row1.seq_len * m.dim * 2                          # [1, 8192, 16384] bf16
+    sent = wire_bytes("all_reduce", row1.tp, size)
+    per_step = 4 * m.n_layers / row1.pp                      # 2 forward + 2 backward per layer
+    tp4 = ProcessGrid(tp=4, pp=4, dp=2)
+    cross = ring_links(tp4, "pp")
+    return {
+        "activation_MB": derived(size / 2**20, "{:.0f} MiB", source="8K x 16,384 x 2 bytes"),
+        "tp_sent_MB": derived(sent / 2**20, "{:.0f} MiB", source="2(t-1)/t S"),
+        "tp_nvlink_ms": assumed(sent / (c.intra_node_GBps * 1e9) * 1e3, "{:.1f} ms",
+                                source="at NVLink's data-sheet 450 GB/s"),
+        "tp_nic_ms": derived(sent / (c.inter_node_GBps * 1e9) * 1e3, "{:.1f} ms",
+                             source="at the NIC's 50 GB/s"),
+        "tp_per_stage": derived(per_step, "{:.0f}",
+                                source="4 all-reduces x 126 layers / 16 stages, per micro-batch"),
+        "nvlink_over_nic": assumed(c.intra_node_GBps / c.inter_node_GBps, "{:.0f}",
+                                   source="450 / 50 GB/s"),
+        "tp4_pp_spine": Number(cross["spine"], source="tp 4 pp 4 dp 2: PP hops via the spine"),
+        "tp4_pp_hops": Number(sum(cross.values()), source="all PP hops of that layout"),
+        "rails": Number(c.gpus_per_node, source="one rail per GPU of a server"),
+    }
+
+
+def _nccl() -> dict[str, Number]:
+    """Latency-bound steps of one all-reduce over Table 4 row 1's DP group, ring or tree
+    (`costmodel.hardware.collective_steps`), at the cost model's assumed NIC latency."""
+    n, c = TABLE4[0].dp, LLAMA3_CLUSTER
+    ring, tree = 2 * (n - 1), collective_steps("all_reduce", n, inter_node=True)
+    us = c.nic_latency_us
+    return {
+        "nccl_flows": paper(16, source="Section 3.3.1: 16 flows between two GPUs, not 1"),
+        "dp_ring_steps": derived(ring, source="2(n-1), n = 64"),
+        "dp_tree_steps": derived(int(tree), source="2 log2 n"),
+        "nic_latency_us": assumed(us, "{:.0f} µs", source="cost model: one NIC + switch step"),
+        "dp_ring_latency_ms": derived(ring * us / 1e3, "{:.1f} ms", source="steps x latency"),
+        "dp_tree_latency_ms": derived(tree * us / 1e3, "{:.2f} ms", source="steps x latency"),
+        "bench_params": Number(param_count(ModelConfig.preset("llama3.2-1b")) / 1e9,
+                               "{:.1f} billion", source="formulas.param_count"),
+    }
 
 
 def numbers() -> dict[str, Number]:
-    return {}
+    return {**_table4(), **_links(), **_nccl()}

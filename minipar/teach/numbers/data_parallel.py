@@ -1,8 +1,96 @@
-"""The numbers the data_parallel chapter states (book/data_parallel.md), computed once."""
+"""The numbers the data_parallel chapter states (book/data_parallel.md), computed once:
+buckets, ZeRO's bytes, Llama 3's batch and what it caps, and the price of sharded gradients
+in the cost model."""
 from __future__ import annotations
 
-from .core import Number
+import dataclasses
+from functools import cache
+
+import torch
+
+from ...config import ModelConfig, ParallelConfig
+from ...costmodel import LLAMA3_CLUSTER, estimate
+from ...costmodel.constants import TABLE4_BATCH_TOKENS
+from ...costmodel.table4 import TABLE4
+from ...formulas import zero_bytes_per_param
+from ...parallel.data import FIRST_BUCKET_MB
+from .core import Number, derived, paper
+
+
+@cache
+def row1_by_zero(zero: int):
+    """The cost model's estimate of Table 4 row 1 with ZeRO stage `zero` (the model keeps 1)."""
+    row = TABLE4[0]
+    pc = dataclasses.replace(row.parallel(), zero=zero)
+    return estimate(ModelConfig.preset("llama3-405b"), pc, LLAMA3_CLUSTER, row.seq_len,
+                    global_batch_tokens=TABLE4_BATCH_TOKENS, microbatch_size=1, recompute="none")
+
+
+def _sharded_gradients() -> dict[str, Number]:
+    row = TABLE4[0]
+    m = TABLE4_BATCH_TOKENS // row.seq_len // row.dp     # micro-batches per replica per step
+    z1, z2 = row1_by_zero(1), row1_by_zero(2)
+    dp1, dp2 = z1.comm_bytes_per_gpu["dp"], z2.comm_bytes_per_gpu["dp"]
+    return {
+        "row1_microbatches": derived(m, source="2,048 sequences / DP 64"),
+        # ZeRO-2 adds a reduce-scatter for every micro-batch but the last: what one costs
+        "row1_rs_gb": derived((dp2 - dp1) / (m - 1) / 1e9, "{:.1f} GB",
+                              source="cost model: (ZeRO-2 bytes - ZeRO-1 bytes) / (m - 1)"),
+        "row1_dp_gb_zero1": derived(dp1 / 1e9, "{:.0f} GB", source="cost model, ZeRO-1"),
+        "row1_dp_gb_zero2": derived(dp2 / 1e9, "{:,.0f} GB",
+                                    source="cost model, ZeRO-2: a reduce-scatter per micro-batch"),
+        "row1_dp_s_zero1": derived(z1.time_breakdown_s["dp"], "{:.1f} s", source="cost model"),
+        "row1_dp_s_zero2": derived(z2.time_breakdown_s["dp"], "{:.1f} s", source="cost model"),
+        "row1_mfu_zero1": derived(z1.mfu, "{:.0%}", source="cost model, ZeRO-1"),
+        "row1_mfu_zero2": derived(z2.mfu, "{:.0%}", source="cost model, ZeRO-2"),
+        "row1_mfu_paper": paper(row.mfu, "{:.0%}", source="Table 4"),
+    }
+
+
+def _batch() -> dict[str, Number]:
+    row1, row2 = TABLE4[0], TABLE4[1]
+    seqs = TABLE4_BATCH_TOKENS // row1.seq_len
+    return {
+        "dp_cap_with_pp": derived(seqs // row1.pp, source="2,048 sequences / 16 micro-batches"),
+        "row2_microbatches": derived(seqs // row2.dp, source="2,048 sequences / DP 128"),
+        "batch_initial": paper("4M", "{}", source="Section 3.4.1"),
+        "seq_initial": paper(4096, source="Section 3.4.1"),
+        "batch_middle": paper("8M", "{}", source="Section 3.4.1"),
+        "batch_switch_1": paper("252M", "{}", source="Section 3.4.1"),
+        "batch_switch_2": paper("2.87T", "{}", source="Section 3.4.1"),
+    }
+
+
+def ring_sum_error(n: int, dtype: torch.dtype, numel: int = 2**14, seed: int = 0) -> float:
+    """Relative (L2) error of summing n ranks' gradients hop by hop, as a ring does, with the
+    gradients and every partial sum in `dtype`, against the exact (float64) sum. The
+    gradients: independent normal values, one scale for all ranks."""
+    g = torch.Generator().manual_seed(seed)
+    grads = torch.randn(n, numel, generator=g, dtype=torch.float64) * 1e-3
+    exact = grads.sum(0)
+    acc = grads[0].to(dtype)
+    for k in range(1, n):
+        acc = acc + grads[k].to(dtype)              # the addition happens in `dtype`
+    return ((acc.double() - exact).norm() / exact.norm()).item()
+
+
+def _precision() -> dict[str, Number]:
+    n = TABLE4[1].dp
+    return {
+        "bf16_error": Number(ring_sum_error(n, torch.bfloat16), "{:.1%}"),
+        "fp32_error": Number(ring_sum_error(n, torch.float32), "{:.0e}"),
+        "bf16_error_8": Number(ring_sum_error(8, torch.bfloat16), "{:.1%}"),
+    }
 
 
 def numbers() -> dict[str, Number]:
-    return {}
+    pc = ParallelConfig()
+    return {
+        "bucket_mb": Number(pc.bucket_mb, "{:g} MB"),
+        "first_bucket_mb": Number(FIRST_BUCKET_MB, "{:g} MB"),
+        "mixed_bytes": Number(sum(zero_bytes_per_param(0, 1).values()), "{:g}"),
+        "optimizer_bytes": Number(zero_bytes_per_param(0, 1)["optimizer"], "{:g}"),
+        **_batch(),
+        **_precision(),
+        **_sharded_gradients(),
+    }

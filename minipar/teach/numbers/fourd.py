@@ -1,8 +1,133 @@
-"""The numbers the fourd chapter states (book/fourd.md), computed once."""
+"""The numbers the fourd chapter states (book/fourd.md), computed once.
+
+The fit's residuals come from `costmodel/data/constants.json`, which `python -m
+minipar.costmodel.fit --write` writes together with the constants (the leave-one-out
+residuals take a minute to compute, so the book reads what the script wrote; the tests
+check that the file's constants are the fit's). The rules' numbers are
+`costmodel.rules`' and the worked examples the planner's. Table 4's rows as the cost model
+predicts them are `numbers.mfu`'s, the paper's facts `numbers.llama3`'s.
+"""
 from __future__ import annotations
 
-from .core import Number
+import json
+from functools import cache
+
+from ... import costmodel as cm
+from ...config import ModelConfig
+from ...costmodel import rules
+from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
+from ...costmodel.fit import KNEE
+from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, plan
+from ...formulas import param_count
+from ..exercises.fourd import check_plan
+from .core import Number, derived
+
+_FIT = "python -m minipar.costmodel.fit --write (costmodel/data/constants.json)"
+_RULES = "costmodel.rules on Llama 3's cluster"
+_PLAN = "costmodel.planner.plan"
+L405 = "llama3-405b"
 
 
 def numbers() -> dict[str, Number]:
-    return {}
+    return {**_fit(), **_rule1(), **_rules(), **_plans(), **_exercise()}
+
+
+def _fit() -> dict[str, Number]:
+    """Every calibration row's residual and leave-one-out residual, row by row (1-15)."""
+    data = json.loads(CONSTANTS_FILE.read_text())
+    res, loo = list(data["residuals"].values()), list(data["leave_one_out"].values())
+    out = {"n_runs": Number(len(res), source=_FIT),
+           "knee": Number(KNEE, "{:g}", source="the calibration target (issue 13), Huber's knee"),
+           "n_constants": Number(len(data["constants"]), source=_FIT),
+           "e_network_inter": Number(data["constants"]["network_inter"], "{:.2f}", source=_FIT),
+           "within3": Number(sum(abs(r) <= 3 for r in res), source=_FIT),
+           "mean_res": Number(sum(map(abs, res)) / len(res), "{:.1f}", source=_FIT),
+           "worst_res": Number(max(map(abs, res)), "{:.1f}", source=_FIT),
+           "loo_mean": Number(sum(map(abs, loo)) / len(loo), "{:.1f}", source=_FIT),
+           "loo_worst": Number(max(map(abs, loo)), "{:.1f}", source=_FIT)}
+    runs = cm.published_runs()
+    for i, (run, r, held) in enumerate(zip(runs, res, loo), 1):
+        pc = run.parallel
+        layout = " ".join(f"{a.upper()}{getattr(pc, a)}" for a in ("tp", "cp", "pp", "dp")
+                          if getattr(pc, a) > 1)
+        name = "Llama 3 405B" if run.source.startswith("llama3") else run.model.name
+        seq = f", {run.work.seq_len // 1024}K" if run.work.seq_len > 8192 else ""
+        out[f"run_{i}"] = Number(f"{name}, {pc.world_size:,} GPUs, {layout}{seq}", "{}",
+                                 source="published_runs.csv")
+        out[f"gpus_{i}"] = Number(pc.world_size, source="published_runs.csv")
+        out[f"model_{i}"] = Number(run.model.name, "{}", source="published_runs.csv")
+        out[f"dp_{i}"] = Number(pc.dp, source="published_runs.csv")
+        out[f"pub_{i}"] = Number(100 * run.mfu, "{:.1f}", source="published_runs.csv")
+        out[f"res_{i}"] = Number(r, "{:+.1f}", source=_FIT)
+        out[f"loo_{i}"] = Number(held, "{:+.1f}", source=_FIT)
+    return out
+
+
+def _rule1() -> dict[str, Number]:
+    m, c = ModelConfig.preset(L405), cm.LLAMA3_CLUSTER
+    per_param = BF16_MIXED.param_bytes + BF16_MIXED.grad_bytes + BF16_MIXED.optimizer_bytes
+    state = per_param * param_count(m)
+    return {"state_bytes": derived(per_param, source="cost model: bf16 weights, fp32 gradients, "
+                                   "Adam + fp32 master"),
+            "state_tb": derived(state / 1e12, "{:.1f} TB", source="18 bytes x 405B"),
+            "state_gpus": derived(-(-state // (c.hbm_gb * 1e9)), "{:,.0f}", source="state / HBM"),
+            "hbm_gb": Number(c.hbm_gb, "{:.1f} GB", source="80 GiB"),
+            "state_per_gpu_gb": derived(state / 128 / 1e9, "{:.0f} GB", source="state / (TP8 x PP16)"),
+            "ridge": Number(c.peak_flops / c.hbm_Bps, "{:.0f}", source="989 TFLOP/s / 3.35 TB/s")}
+
+
+def _rules() -> dict[str, Number]:
+    c, m = cm.LLAMA3_CLUSTER, ModelConfig.preset(L405)
+    narrow, wide = rules.llama_of_width(4096), rules.llama_of_width(16384)
+    return {
+        "tp8_wide": Number(rules.tp_ratio(wide, 8, c), "{:.0%}", source=_RULES),
+        "tp8_narrow": Number(rules.tp_ratio(narrow, 8, c), "{:.0%}", source=_RULES),
+        "tp16_wide": Number(rules.tp_ratio(wide, 16, c), "{:.1f}", source=_RULES),
+        "att_8k": Number(rules.attention_share(m, 8192, c), "{:.0%}", source=_RULES),
+        "att_128k": Number(rules.attention_share(m, 131072, c), "{:.0%}", source=_RULES),
+        "cp16_8k": Number(rules.cp_ratio(m, 8192, 16, c), "{:.0%}", source=_RULES),
+        "cp16_128k": Number(rules.cp_ratio(m, 131072, 16, c), "{:.1%}", source=_RULES),
+        "min_cp_tokens": Number(MIN_TOKENS_PER_CP_RANK, source="planner.MIN_TOKENS_PER_CP_RANK"),
+        "w_wide": Number(wide.dim, source="rules.llama_of_width"),
+        "w_narrow": Number(narrow.dim, source="rules.llama_of_width; Llama 3 8B's width"),
+        "w_70b": Number(ModelConfig.preset("llama3-70b").dim, source="Llama 3 70B's width"),
+    }
+
+
+@cache
+def _plan405(gpus: int):
+    return plan(ModelConfig.preset(L405), cm.LLAMA3_CLUSTER, gpus, 8192, cm.TABLE4_BATCH_TOKENS, top=None)
+
+
+def _table4_rank(p, dp: int) -> int:
+    return next(i for i, e in enumerate(p.ranked, 1)
+                if (e.parallel.tp, e.parallel.cp, e.parallel.pp, e.parallel.dp) == (8, 1, 16, dp)
+                and e.parallel.virtual_stages == 8)
+
+
+def _plans() -> dict[str, Number]:
+    out = {}
+    for key, gpus, dp in (("p8k", 8192, 64), ("p16k", 16384, 128)):
+        p = _plan405(gpus)
+        rank = _table4_rank(p, dp)
+        out.update({f"{key}_best": Number(describe(p.ranked[0]), "{}", source=_PLAN),
+                    f"{key}_best_mfu": Number(p.ranked[0].mfu, "{:.1%}", source=_PLAN),
+                    f"{key}_fifth_mfu": Number(p.ranked[4].mfu, "{:.1%}", source=_PLAN),
+                    f"{key}_count": Number(len(p.ranked), source=_PLAN),
+                    f"{key}_t4_rank": Number(rank, source=_PLAN),
+                    f"{key}_t4": Number(describe(p.ranked[rank - 1]), "{}", source=_PLAN),
+                    f"{key}_t4_mfu": Number(p.ranked[rank - 1].mfu, "{:.1%}", source=_PLAN)})
+    for key, name, gpu, gpus in (("p70", "llama3-70b", "h100", 1024), ("p8b", "llama3-8b", "a100", 64)):
+        best = plan(ModelConfig.preset(name), cm.gpu_cluster(gpu), gpus, 8192, 4 * 2**20, top=1).ranked[0]
+        out.update({f"{key}_best": Number(describe(best), "{}", source=_PLAN),
+                    f"{key}_mfu": Number(best.mfu, "{:.1%}", source=_PLAN),
+                    f"{key}_gpus": Number(gpus, source="the worked example")})
+    return out
+
+
+def _exercise() -> dict[str, Number]:
+    d = check_plan.__defaults__           # (model, gpu, gpus, seq_len, batch_tokens, points)
+    return {"ex_rank": Number(10_000, source="notebooks/fourd.ipynb, exercise 1"),
+            "ex_gpus": Number(d[2], source="exercises.fourd.check_plan"),
+            "ex_batch": Number(d[4] // 2**20, "{}M", source="exercises.fourd.check_plan"),
+            "ex_points": Number(d[5], "{:g}", source="exercises.fourd.check_plan")}

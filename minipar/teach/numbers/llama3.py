@@ -2,10 +2,203 @@
 facts, each with where it comes from (see core.py)."""
 from __future__ import annotations
 
-from .core import Number, paper
+import math
+
+from ...config import ModelConfig
+from ...costmodel.constants import BF16_MIXED, LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS
+from ...costmodel.hardware import LLAMA3_CLUSTER
+from ...costmodel.table4 import TABLE4
+from ...flops import attention_flops_per_token, dense_flops_per_token
+from ...formulas import (cp_kv_bytes, dp_bytes, layer_param_count, param_count,
+                         tp_layer_bytes, wire_bytes)
+from .core import Number, assumed, derived, paper
+
+
+def _layer_flops_per_gpu(m: ModelConfig, seq: int, tp: int) -> float:
+    """One block, one sequence, one of tp GPUs: (6 N_layer + 12 h s) FLOPs per token (PaLM's)."""
+    return (6 * layer_param_count(m) + 12 * m.dim * seq) * seq / tp
+
+
+def _facts() -> dict[str, Number]:
+    """Llama 3 405B's facts the parallelism chapters share (added by the TP/PP chapters)."""
+    m, row1, row2 = ModelConfig.preset("llama3-405b"), TABLE4[0], TABLE4[1]
+    flops = _layer_flops_per_gpu(m, row1.seq_len, row1.tp)
+    return {
+        "layers": paper(m.n_layers, source="Table 3"),
+        "dim": paper(m.dim, source="Table 3"),
+        "heads": paper(m.n_heads, source="Table 3"),
+        "kv_heads": paper(m.n_kv_heads, source="Table 3"),
+        "vocab": paper(m.vocab_size, source="Table 3"),
+        "seq": paper(row1.seq_len, source="Table 4"),
+        "tp": paper(row1.tp, source="Table 4"),
+        "pp": paper(row1.pp, source="Table 4"),
+        "row1_gpus": paper(row1.gpus, source="Table 4"),
+        "row1_dp": paper(row1.dp, source="Table 4"),
+        "row2_dp": paper(row2.dp, source="Table 4"),
+        "row1_tflops": paper(row1.tflops_per_gpu, "{:,} TFLOP/s", source="Table 4"),
+        "row2_tflops": paper(row2.tflops_per_gpu, "{:,} TFLOP/s", source="Table 4"),
+        "batch_tokens": paper(TABLE4_BATCH_TOKENS / 2**20, "{:.0f}M", source="Section 3.4.1"),
+        "batch_seqs": derived(TABLE4_BATCH_TOKENS // row1.seq_len, source="16M tokens / 8K"),
+        "gpus_per_server": paper(LLAMA3_CLUSTER.gpus_per_node, source="Section 3.3.1"),
+        "nic_Gbps": paper(LLAMA3_CLUSTER.inter_node_Gbps, "{:.0f} Gb/s", source="Section 3.3.1"),
+        "nic_GBps": derived(LLAMA3_CLUSTER.inter_node_GBps, "{:.0f} GB/s", source="400 Gb/s / 8"),
+        "pod_gpus": paper(LLAMA3_CLUSTER.pod_size, source="Section 3.3.1"),
+        "pod_oversubscription": paper(LLAMA3_CLUSTER.pod_oversubscription, "1:{:.0f}",
+                                      source="Section 3.3.1"),
+        "row3_dp": paper(TABLE4[2].dp, source="Table 4"),
+        "row3_cp": paper(TABLE4[2].cp, source="Table 4"),
+        "row3_seq": paper(TABLE4[2].seq_len, source="Table 4"),
+        "gpus_per_rack": paper(LLAMA3_CLUSTER.gpus_per_rack, source="Section 3.3.1"),
+        "cluster_gpus": paper(LLAMA3_CLUSTER.n_gpus, source="Section 3.3.1: 24K GPUs"),
+        "nvlink_GBps": assumed(LLAMA3_CLUSTER.intra_node_GBps, "{:.0f} GB/s",
+                               source="H100 SXM data sheet: NVLink 4, 900 GB/s both ways"),
+        "layer_flops_per_gpu": derived(flops, "{:.1e}", source="(6 N_layer + 12 h s) s / tp"),
+        "layer_compute_ms": derived(flops / (row1.tflops_per_gpu * 1e12) * 1e3, "{:.0f} ms",
+                                    source="one layer and 8K sequence per GPU at row 1's 430 TFLOP/s"),
+    }
+
+
+SECONDS_PER_YEAR = 365.25 * 24 * 3600
+STATE_BYTES = 16          # mixed-precision Adam: bf16 weight + grad, fp32 master + 2 moments
+KORTHIKANTI_BYTES = 34    # bytes per token and hidden unit a GPT layer keeps (no TP, fused attention)
+HBM_GB = 80              # the paper's "80GB HBM3" (the cost model uses its 80 GiB)
+TYPICAL_MFU = 0.4
+TRAIN_TOKENS = 15.6e12    # Section 3.1.1 ... "15.6T tokens"
+
+
+def _layouts() -> dict[str, Number]:
+    """Table 4, every row: the layout, the sequence, what it achieved."""
+    out = {}
+    for i, row in enumerate(TABLE4, start=1):
+        p = f"row{i}_"
+        for axis in ("gpus", "tp", "cp", "pp", "dp"):
+            out[p + axis] = paper(getattr(row, axis), source="Table 4")
+        out[p + "seq"] = paper(row.seq_len, source="Table 4")
+        out[p + "tflops"] = paper(row.tflops_per_gpu, "{:,} TFLOP/s", source="Table 4")
+        out[p + "mfu"] = paper(row.mfu, "{:.0%}", source="Table 4")
+        out[p + "seqs_per_replica"] = derived(TABLE4_BATCH_TOKENS // (row.seq_len * row.dp),
+                                              source="16M tokens / (seq x DP)")
+        out[p + "replica_gpus"] = derived(row.tp * row.cp * row.pp, source="TP x CP x PP")
+    return out
+
+
+def _model_size(m: ModelConfig) -> dict[str, Number]:
+    """Counting the 405B's weights from its shape (Table 3), and what they weigh."""
+    h, kv = m.dim, m.n_kv_heads * m.head_dim
+    n, layer = param_count(m), layer_param_count(m)
+    return {
+        "params_b": paper(405, source="Table 3: 405B"),
+        "ffn": paper(m.ffn_dim, source="Table 3"),
+        "head_dim": derived(m.head_dim, source="16,384 / 128 heads"),
+        "layer_qo_b": derived(2 * h * h / 1e9, "{:.2f} billion", "2 h^2"),
+        "layer_kv_b": derived(2 * h * kv / 1e9, "{:.2f} billion", "2 h x 8 x 128"),
+        "layer_ffn_b": derived(3 * h * m.ffn_dim / 1e9, "{:.2f} billion", "3 h x ffn"),
+        "layer_params_b": derived(layer / 1e9, "{:.2f} billion", "formulas.layer_param_count"),
+        "embed_b": derived(m.vocab_size * h / 1e9, "{:.1f} billion", "vocab x h"),
+        "param_count": derived(n, source="formulas.param_count"),
+        "matmul_params_b": derived(param_count(m, embeddings=False) / 1e9, "{:.2f} billion",
+                                   "formulas.param_count(embeddings=False)"),
+        "state_tb": derived(n * STATE_BYTES / 1e12, "{:.1f} TB", "16 bytes per parameter"),
+        "state_gpus": derived(math.ceil(n * STATE_BYTES / (HBM_GB * 1e9)),
+                              source="16 N bytes / 80 GB"),
+        "state_bytes": assumed(STATE_BYTES, source="bf16 weight + grad, fp32 master + Adam moments"),
+        "hbm_gb": paper(HBM_GB, "{} GB", source="Section 3.3.1: 80GB HBM3"),
+        "gpu_watts": paper(700, "{} W", source="Section 3.3.1: 700W TDP"),
+        "peak_tflops": assumed(LLAMA3_CLUSTER.peak_tflops, "{:,.0f} TFLOP/s",
+                               source="H100 SXM data sheet, dense bf16 (the paper gives no peak)"),
+    }
+
+
+def _activations(m: ModelConfig, seq: int) -> dict[str, Number]:
+    """One sequence's activations, by Korthikanti et al.'s 34 s h bytes per layer."""
+    layer = KORTHIKANTI_BYTES * seq * m.dim
+    total = layer * m.n_layers
+    return {
+        "act_layer_gb": derived(layer / 1e9, "{:.1f} GB", "34 s h bytes, s = 8,192"),
+        "act_seq_gb": derived(total / 1e9, "{:,.0f} GB", "34 s h bytes x 126 layers"),
+        "act_seq_gpus": derived(int(total / (HBM_GB * 1e9)), source="/ 80 GB"),
+    }
+
+
+def _compute(m: ModelConfig) -> dict[str, Number]:
+    """How long the run's arithmetic takes: 6 N D, on one GPU and on the cluster."""
+    row2, peak = TABLE4[1], LLAMA3_CLUSTER.peak_flops
+    total = 6 * param_count(m) * TRAIN_TOKENS
+    att = attention_flops_per_token(m, row2.seq_len) / dense_flops_per_token(m)
+    att_long = attention_flops_per_token(m, TABLE4[2].seq_len) / dense_flops_per_token(m)
+    return {
+        "train_tokens_t": paper(TRAIN_TOKENS / 1e12, "{:.1f} trillion", "Section 3: 15.6T tokens"),
+        "train_flops": paper(3.8e25, "{:.1e}", "Section 3.2.1: 3.8 x 10^25 FLOPs"),
+        "six_nd": derived(total, "{:.1e}", "6 N D"),
+        "one_gpu_years": derived(total / peak / SECONDS_PER_YEAR, "{:,.0f}", "6ND / peak"),
+        "typical_mfu": assumed(TYPICAL_MFU, "{:.0%}", "about what large runs reach (Table 4: 38-43%)"),
+        "one_gpu_years_40": derived(total / (TYPICAL_MFU * peak) / SECONDS_PER_YEAR, "{:,.0f}",
+                                    "6ND / (40% of peak)"),
+        "cluster_days": derived(total / (row2.gpus * row2.tflops_per_gpu * 1e12) / 86400, "{:.0f}",
+                                "6ND / (16,384 GPUs x 400 TFLOP/s)"),
+        "attention_share_8k": derived(att, "{:.0%}", "12 L h s / 6 N at 8K"),
+        "attention_ratio_128k": derived(att_long, "{:.1f}", "12 L h s / 6 N at 128K"),
+    }
+
+
+def _axes(m: ModelConfig) -> dict[str, Number]:
+    """What one GPU sends per layer (TP, CP), per chunk boundary (PP) and per step (DP):
+    the four axes' table, from the formulas the axis files are tested against."""
+    row2, row3, act = TABLE4[1], TABLE4[2], BF16_MIXED.act_bytes
+    seq = row2.seq_len
+    a = seq * m.dim * act                                   # one [s, h] activation in bf16
+    tp_layer = tp_layer_bytes(seq, m.dim, row2.tp, act)
+    link = LLAMA3_EFFICIENCY.network
+    kv_heads = m.n_kv_heads // row3.tp
+    kv_all = cp_kv_bytes(row3.seq_len, m.n_kv_heads, m.head_dim, act)
+    kv_gpu = cp_kv_bytes(row3.seq_len // row3.cp, kv_heads, m.head_dim, act)
+    local = param_count(m) / (row2.tp * row2.pp)
+    dp = dp_bytes(local, row2.dp, zero=1, grad_bytes=4, param_bytes=2)
+    return {
+        "act_gb": derived(a / 1e9, "{:.2f} GB", "[8192, 16384] in bf16"),
+        "tp_layer_gb": derived(tp_layer / 1e9, "{:.1f} GB", "formulas.tp_layer_bytes, TP8"),
+        "tp_nvlink_ms": derived(tp_layer / (LLAMA3_CLUSTER.intra_node_GBps * 1e9 * link) * 1e3,
+                                "{:.0f} ms", "at 450 GB/s x the fitted network efficiency"),
+        "tp_nic_ms": derived(tp_layer / (LLAMA3_CLUSTER.inter_node_GBps * 1e9 * link) * 1e3,
+                             "{:.0f} ms", "at 50 GB/s x the fitted network efficiency"),
+        "kv_seq_gb": derived(kv_all / 1e9, "{:.2f} GB", "K and V of all 131,072 tokens, 8 KV heads"),
+        "kv_gpu_mb": derived(kv_gpu / 1e6, "{:.1f} MB", "one GPU's K, V: s/16 tokens, 8/8 KV heads"),
+        "pp_send_gb": derived(a / 1e9, "{:.2f} GB", "one boundary, one micro-batch, no SP"),
+        "pp_send_sp_mb": derived(a / row2.tp / 1e6, "{:.0f} MB", "with SP: each TP rank its 1/8"),
+        "layers_per_stage": derived(m.n_layers / row2.pp, "{:.1f}", "126 / 16"),
+        "dp_local_b": derived(local / 1e9, "{:.1f} billion", "N / (TP x PP)"),
+        "dp_rs_gb": derived(local * 4 / 1e9, "{:.1f} GB", "fp32 gradients"),
+        "dp_ag_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16 weights"),
+        "dp_step_gb": derived(dp / 1e9, "{:.0f} GB", "formulas.dp_bytes, ZeRO-1, DP128"),
+        "weights_per_gpu_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16, N / (TP x PP)"),
+    }
+
+
+def _expert_parallel(m: ModelConfig) -> dict[str, Number]:
+    """What a fifth axis would send: an MoE layer's token all-to-alls (dispatch and
+    combine, forward and backward) for one 8K sequence with top-k routing over EP GPUs."""
+    top_k, ep, act = 2, 8, BF16_MIXED.act_bytes
+    routed = top_k * TABLE4[0].seq_len * m.dim * act
+    sent = 4 * wire_bytes("all_to_all", ep, routed)
+    return {
+        "ep_top_k": assumed(top_k, source="a typical MoE's top-2 routing"),
+        "ep_degree": assumed(ep, source="one server of experts"),
+        "ep_layer_gb": derived(sent / 1e9, "{:.1f} GB", "4 all-to-alls of k s h bf16, (EP-1)/EP each"),
+    }
+
+
+def _case_study() -> dict[str, Number]:
+    m = ModelConfig.preset("llama3-405b")
+    return {**_layouts(), **_model_size(m), **_activations(m, TABLE4[0].seq_len), **_compute(m),
+            **_axes(m), **_expert_parallel(m),
+            "diurnal": paper("1–2%", "{}", "Section 3.3.4"),
+            "layout_order": paper("[TP, CP, PP, DP]", "{}", "Section 3.3.2")}
 
 
 def numbers() -> dict[str, Number]:
-    return {
-        "gpus": paper(16384, source="Table 4"),
-    }
+    """The case study's facts and what the book derives from them; `_facts()` holds the keys
+    other chapters added (one key per quantity: reuse before adding)."""
+    facts, case = _facts(), _case_study()
+    clash = [k for k in case if k in facts and case[k] != facts[k]]
+    assert not clash, f"numbers.llama3: two values for {clash}"
+    return {**case, **facts, "gpus": paper(TABLE4[1].gpus, source="Table 4")}

@@ -1,8 +1,236 @@
-"""The numbers the mfu chapter states (book/mfu.md), computed once."""
+"""The numbers the mfu chapter states (book/mfu.md), computed once.
+
+The cost model's prediction of each row of Llama 3's Table 4 (`costmodel.table4`) lives
+here under `row<i>_...` keys, and every chapter that states one of them (the TP time per
+step of row 1, a row's step time, bubble or MFU) uses these keys: one estimate, one value.
+The published side of the table is `numbers.llama3`'s (`row<i>_mfu`, `row<i>_tflops`).
+"""
 from __future__ import annotations
 
-from .core import Number
+from dataclasses import replace
+from functools import cache
+
+from ... import costmodel as cm
+from ...config import ModelConfig, ParallelConfig
+from ...placement import straddling_replicas
+from ...flops import attention_flops_per_token, dense_flops_per_token, flops_per_token, gpu_peak_flops
+from .core import Number, derived
+
+_CM = "cost model (costmodel.table4), Table 4 row {}"
+_PARTS = ("compute", "tp", "cp", "bubble", "pp", "dp", "optimizer")
+L405 = "llama3-405b"
+WITHIN = 0.03                    # "within 3 points" of the published MFU
+
+
+@cache
+def _table4(efficiency=None):
+    return cm.table4(efficiency or cm.LLAMA3_EFFICIENCY)
+
+
+def _row(i: int, row, e) -> dict[str, Number]:
+    """The cost model's estimate of Table 4 row i: step time and where it goes, MFU, bytes."""
+    src, p = _CM.format(i), f"row{i}_"
+    m = ModelConfig.preset(L405)
+    out = {p + f"{part}_s": derived(e.time_breakdown_s[part], "{:.2f} s", src) for part in _PARTS}
+    published_step = cm.TABLE4_BATCH_TOKENS * flops_per_token(m, row.seq_len) / (
+        row.gpus * row.tflops_per_gpu * 1e12)
+    out.update({
+        p + "step_s": derived(e.step_time_s, "{:.2f} s", src),
+        p + "mfu_model": derived(e.mfu, "{:.1%}", src + ", PaLM's convention"),
+        p + "tflops_model": derived(e.tflops_per_gpu, "{:.0f} TFLOP/s", src),
+        p + "bubble_frac": derived(e.bubble_fraction, "{:.1%}", src + ", formulas.bubble_fraction"),
+        p + "microbatches": derived(e.microbatches, "{:,}", "16M tokens / (DP x seq)"),
+        p + "memory_gb": derived(e.memory_gb_per_gpu, "{:.1f} GB", src + ", ZeRO-1, no recomputation"),
+        p + "tokens_per_s": derived(e.tokens_per_s, "{:,.0f}", src),
+        p + "gap_pts": derived(100 * abs(e.mfu - row.mfu), "{:.1f}", "|predicted - published| MFU"),
+        p + "mfu_exact": derived(row.tflops_per_gpu / cm.LLAMA3_CLUSTER.peak_tflops, "{:.1%}",
+                                 "published TFLOP/s / 989"),
+        p + "step_published_s": derived(published_step, "{:.1f} s",
+                                        "16M tokens x FLOPs per token / (GPUs x TFLOP/s)"),
+        p + "flops_per_token": derived(flops_per_token(m, row.seq_len), "{:.2e}", "6N + 12 L h s"),
+    })
+    for axis, nbytes in e.comm_bytes_per_gpu.items():
+        out[p + f"{axis}_gb"] = derived(nbytes / 1e9, "{:.1f} GB", src + ", costmodel.wire")
+    return out
+
+
+def _table4_numbers() -> dict[str, Number]:
+    out = {}
+    for i, (row, e) in enumerate(_table4(), start=1):
+        out.update(_row(i, row, e))
+    rows = _table4()
+    (row1, e1), (_, e2), (_, e3) = rows
+    b1, b2 = e1.bubble_fraction, e2.bubble_fraction
+    out.update({
+        "rows_within": derived(sum(abs(e.mfu - r.mfu) <= WITHIN for r, e in rows), "{}",
+                               "rows predicted within 3 points"),
+        "max_gap_pts": derived(max(100 * abs(e.mfu - r.mfu) for r, e in rows), "{:.1f}", "worst row"),
+        "bubble_only_mfu": derived(e1.mfu * (1 - b2) / (1 - b1), "{:.1%}",
+                                   "row 1's MFU with row 2's bubble"),
+        "tp_over_dp": derived(e1.comm_bytes_per_gpu["tp"] / e1.comm_bytes_per_gpu["dp"], "{:.0f}",
+                              "row 1: TP bytes / DP bytes"),
+        "row1_dp_wire_s": derived(cm.wire_seconds(e1, "dp", cm.LLAMA3_CLUSTER), "{:.2f} s",
+                                  "row 1's DP bytes at the DP ring's bandwidth"),
+        "row3_tp_share": derived(e3.time_breakdown_s["tp"] / e3.step_time_s, "{:.0%}", "row 3: TP / step"),
+        "row2_tp_share": derived(e2.time_breakdown_s["tp"] / e2.step_time_s, "{:.0%}", "row 2: TP / step"),
+    })
+    return out
+
+
+def _flops() -> dict[str, Number]:
+    m = ModelConfig.preset(L405)
+    dense = dense_flops_per_token(m)
+    out = {"six_n": derived(dense, "{:.2e}", "6 N")}
+    for name, s in (("8k", 8192), ("128k", 131072)):
+        att = attention_flops_per_token(m, s)
+        out[f"att_{name}"] = derived(att, "{:.2e}", f"12 L h s at s = {s:,}")
+        out[f"att_share_{name}"] = derived(att / (dense + att), "{:.0%}", "12 L h s / (6N + 12 L h s)")
+    out["a100_peak"] = Number(gpu_peak_flops("A100") / 1e12, "{:.0f}", source="flops.GPU_PEAK_FLOPS")
+    return out
+
+
+def _placement() -> dict[str, Number]:
+    """Where the model replicas of each row sit among 3,072-GPU pods (rank order [TP, CP,
+    PP, DP]), and what a pod's 1:7 uplink gives the DP rings that leave it."""
+    c, row1, row3 = cm.LLAMA3_CLUSTER, cm.TABLE4[0], cm.TABLE4[2]
+    straddle = straddling_replicas(row3.tp * row3.cp * row3.pp, row3.gpus, c.pod_size)
+    names = ", ".join(map(str, straddle[:-1])) + " and " + str(straddle[-1])
+    first = straddle[0] * row3.tp * row3.cp * row3.pp
+    stage = ((first // c.pod_size + 1) * c.pod_size - first) // (row3.tp * row3.cp)
+    uplink = c.pod_size * c.inter_node_GBps / c.pod_oversubscription
+    rings = row1.tp * row1.cp * row1.pp
+    return {
+        "row3_straddlers": derived(names, "{}", "placement.straddling_replicas: replicas in two pods"),
+        "row3_cross_stage": derived(stage, "{}", "first PP stage of replica 1 in the next pod"),
+        "row3_tp_cp_gpus": derived(row3.tp * row3.cp, "{:,}", "TP x CP of row 3"),
+        "pod_uplink_GBps": derived(uplink, "{:,.0f} GB/s", "3,072 x 50 GB/s / 7"),
+        "dp_rings": derived(rings, "{}", "one DP ring per (TP, CP, PP) position, row 1"),
+        "per_ring_GBps": derived(uplink / rings, "{:.0f} GB/s", "the uplink shared by the rings"),
+        "per_gpu_cross_GBps": derived(c.inter_node_GBps / c.pod_oversubscription, "{:.1f} GB/s",
+                                      "50 GB/s / 7"),
+    }
+
+
+def _tiny_bytes() -> dict[str, Number]:
+    """What rank 0's CommLog counts in the chapter's 8-process run, as the formulas predict
+    it (tests/test_costmodel.py checks the same world measures exactly this)."""
+    pc = ParallelConfig(tp=2, cp=2, pp=2, dp=1, zero=1, sp=True, microbatches=4,
+                        schedule="interleaved", virtual_stages=2, cp_impl="ring")
+    pred = cm.comm_bytes_per_gpu(ModelConfig.preset("tiny"), pc,
+                                 cm.Workload(seq_len=32, global_batch=8, microbatch_size=2), cm.FP32)
+    return {f"tiny_{a}_bytes": Number(pred[a], "{:,}", source="costmodel.comm_bytes_per_gpu, tiny, fp32")
+            for a in ("tp", "cp", "pp", "dp")}
+
+
+def _constants() -> dict[str, Number]:
+    """The fitted efficiencies, how tightly Table 4 pins them, and what one moving does."""
+    eff = cm.LLAMA3_EFFICIENCY
+    src = "costmodel.LLAMA3_EFFICIENCY (data/constants.json)"
+    out = {
+        "e_dense": derived(eff.dense, "{:.3f}", src), "e_attention": derived(eff.attention, "{:.3f}", src),
+        "e_network": derived(eff.network, "{:.2f}", src), "e_overhead": derived(eff.overhead, "{:.2g}", src),
+        "n_runs": Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv"),
+    }
+    base = [e.mfu for _, e in _table4()]
+    for name, rows in (("dense", (0, 1)), ("attention", (2,)), ("network", (0, 1, 2))):
+        moved = [e.mfu for _, e in _table4(replace(eff, **{name: getattr(eff, name) * 1.1}))]
+        out[f"sens_{name}_pts"] = derived(max(100 * abs(moved[r] - base[r]) for r in rows), "{:.1f}",
+                                          f"a 10% larger {name} constant, rows {rows}")
+    return {**out, **_island(), "causal_attention_eff": derived(_causal_attention(), "{:.2f}",
+                                                                 "bisection on row 3")}
+
+
+def _island() -> dict[str, Number]:
+    """The (dense, attention) pairs that put all three rows within 3 points (coarse grid)."""
+    dense = [0.40 + 0.025 * i for i in range(21)]          # 0.40 ... 0.90
+    attention = [0.10 + 0.025 * i for i in range(17)]      # 0.10 ... 0.50
+    counts = cm.table4_fit_counts(dense, attention, WITHIN)
+    ok = [(d, a) for a, row in zip(attention, counts) for d, n in zip(dense, row) if n == 3]
+    if not ok:
+        ok = [(float("nan"), float("nan"))]
+    src = "costmodel.table4_fit_counts, grid step 0.025"
+    return {"island_dense_lo": derived(min(d for d, _ in ok), "{:.2f}", src),
+            "island_dense_hi": derived(max(d for d, _ in ok), "{:.2f}", src),
+            "island_att_lo": derived(min(a for _, a in ok), "{:.2f}", src),
+            "island_att_hi": derived(max(a for _, a in ok), "{:.2f}", src)}
+
+
+def _causal_attention() -> float:
+    """The attention efficiency that reproduces row 3's 38% if Llama 3 had counted only the
+    causal half of attention (Megatron's convention)."""
+    m, row3, eff = ModelConfig.preset(L405), cm.TABLE4[2], cm.LLAMA3_EFFICIENCY
+    causal = dense_flops_per_token(m) + attention_flops_per_token(m, row3.seq_len) / 2
+
+    def mfu(a):
+        e = cm.estimate(m, row3.parallel(), seq_len=row3.seq_len, global_batch_tokens=cm.TABLE4_BATCH_TOKENS,
+                        efficiency=replace(eff, attention=a))
+        return cm.TABLE4_BATCH_TOKENS * causal / (e.step_time_s * row3.gpus * cm.LLAMA3_CLUSTER.peak_flops)
+
+    lo, hi = 0.05, 1.0
+    for _ in range(30):                  # causal MFU grows with the constant
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mfu(mid) < row3.mfu else (lo, mid)
+    return lo
+
+
+def _memory() -> dict[str, Number]:
+    """Row 1's fullest GPU under each recomputation policy (ZeRO-2 and the HBM: numbers.memory)."""
+    m, row1 = ModelConfig.preset(L405), cm.TABLE4[0]
+    est = {r: cm.estimate(m, row1.parallel(), seq_len=row1.seq_len, recompute=r,
+                          global_batch_tokens=cm.TABLE4_BATCH_TOKENS) for r in ("none", "selective", "full")}
+    src = "costmodel.estimate, Table 4 row 1"
+    out = {f"mem_{k}_gb": derived(v, "{:.1f} GB", src) for k, v in est["none"].memory_breakdown_gb.items()}
+    for r in ("selective", "full"):
+        out[f"{r}_gb"] = derived(est[r].memory_gb_per_gpu, "{:.1f} GB", src + f", recompute {r}")
+        out[f"{r}_mfu"] = derived(est[r].mfu, "{:.1%}", src + f", recompute {r}")
+        out[f"{r}_hfu"] = derived(est[r].hfu, "{:.1%}", src + f", recompute {r}")
+    out.update({
+        "in_flight": derived(cm.in_flight_microbatches("interleaved", row1.pp, est["none"].microbatches, 0, 8),
+                             "{:.1f}", "formulas.in_flight_microbatches"),
+        "act_kb_token_layer": derived(cm.activation_elements(m, row1.tp, True, "none") * 2 / 1e3, "{:.0f} kB",
+                                      "formulas.activation_elements, TP8 + SP, bf16"),
+    })
+    return out
+
+
+def layout_name(e) -> str:
+    p = e.parallel
+    return f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" v={p.virtual_stages}" if p.virtual_stages > 1 else "")
+
+
+@cache
+def search_results():
+    """Every layout of 8,192 GPUs at 8K that fits, best first (`costmodel.best_configs`)."""
+    return cm.best_configs(ModelConfig.preset(L405), gpus=8192, top=None)
+
+
+def _search() -> dict[str, Number]:
+    found = search_results()
+    best = found[0]
+    llama = [i for i, e in enumerate(found)
+             if (e.parallel.tp, e.parallel.cp, e.parallel.pp, e.parallel.dp) == (8, 1, 16, 64)]
+    src = "costmodel.best_configs, 8,192 GPUs, 8K"
+    out = {
+        "search_fit": derived(len(found), "{:,}", src),
+        "search_best": derived(layout_name(best), "{}", src),
+        "search_best_mfu": derived(best.mfu, "{:.1%}", src),
+        "search_best_recompute": derived(best.workload.recompute, "{}", src),
+        "search_best_mbs": derived(best.workload.microbatch_size, "{}", src),
+    }
+    if llama:
+        e = found[llama[0]]
+        out.update({"search_llama_rank": derived(llama[0] + 1, "{}", src),
+                    "search_llama_recompute": derived(e.workload.recompute, "{}", src),
+                    "search_llama_mfu": derived(e.mfu, "{:.1%}", src),
+                    "search_gap_pts": derived(100 * (best.mfu - e.mfu), "{:.1f}", src + ": best - Llama 3's")})
+    none = [e for e in found if e.workload.recompute == "none"]
+    if none:
+        out.update({"search_none_best": derived(layout_name(none[0]), "{}", src + ", no recomputation"),
+                    "search_none_mfu": derived(none[0].mfu, "{:.1%}", src + ", no recomputation"),
+                    "search_none_rank": derived(found.index(none[0]) + 1, "{}", src)})
+    return out
 
 
 def numbers() -> dict[str, Number]:
-    return {}
+    return {**_table4_numbers(), **_flops(), **_placement(), **_tiny_bytes(), **_constants(),
+            **_memory(), **_search()}

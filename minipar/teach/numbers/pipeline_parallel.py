@@ -1,8 +1,65 @@
-"""The numbers the pipeline_parallel chapter states (book/pipeline_parallel.md), computed once."""
+"""The numbers the pipeline_parallel chapter states (book/pipeline_parallel.md), computed once
+by the schedules' own functions (`make_schedule`, `simulate`), the stage split and the
+bubble formulas; Llama 3's facts come from `numbers.llama3`."""
 from __future__ import annotations
 
-from .core import Number
+from ...config import ModelConfig
+from ...costmodel.constants import TABLE4_BATCH_TOKENS
+from ...costmodel.table4 import TABLE4
+from ...formulas import bubble_fraction, split_layers
+from ...parallel.schedules import Action, make_schedule, simulate
+from .core import Number, assumed, derived
+
+P, M, V, T_COMM = 4, 8, 2, 0.2      # the chapter's interleaved example, with a transfer time
+
+
+def rewarm(schedule, warmups) -> list[list[Action]]:
+    """The same forwards and backwards in each rank's order, with `warmups[r]` forwards
+    before rank r's first backward, then one forward, one backward, then the rest."""
+    out = []
+    for acts, w in zip(schedule, warmups):
+        fwd, bwd = [a for a in acts if a.kind == "F"], [a for a in acts if a.kind == "B"]
+        steady = [a for f, b in zip(fwd[w:], bwd) for a in (f, b)]
+        out.append(fwd[:w] + steady + bwd[len(fwd) - w:])
+    return out
+
+
+def _warmup_numbers() -> dict[str, Number]:
+    megatron = make_schedule("interleaved", P, M, V)
+    shorter = rewarm(megatron, [P * (V - 1) + (P - 1 - r) for r in range(P)])
+    step = lambda s: simulate(s, 1.0, 2.0, 0.0, T_COMM).makespan   # noqa: E731
+    src = "simulate(interleaved p=4 m=8 v=2, t_f=1, t_b=2, t_comm=0.2)"
+    return {"warmup_megatron": derived(step(megatron), "{:.1f}", src),
+            "warmup_shorter": derived(step(shorter), "{:.1f}", src + ", warm-up p-1-r shorter")}
+
+
+def _zb_numbers() -> dict[str, Number]:
+    sim = lambda name: simulate(make_schedule(name, P, M), 1.0, 1.0, 1.0).bubble_fraction  # noqa: E731
+    return {"zb_bubble": derived(sim("zb"), "{:.0%}", "simulate(zb, p=4, m=8, 1/1/1)"),
+            "zb_1f1b_bubble": derived(sim("1f1b"), "{:.0%}", "simulate(1f1b, p=4, m=8, 1/1/1)")}
+
+
+def _llama3_numbers() -> dict[str, Number]:
+    row1, row2 = TABLE4[0], TABLE4[1]
+    layers = ModelConfig.preset("llama3-405b").n_layers
+    counts = sorted({len(r) for r in split_layers(layers, row1.pp)})
+    v = (layers + 2) // row1.pp             # 126 + 2 = 128 layers in 16 x 8 chunks
+    seqs = TABLE4_BATCH_TOKENS // row1.seq_len
+    m1, m2 = seqs // row1.dp, seqs // row2.dp
+    b1, b2 = (bubble_fraction("interleaved", row1.pp, m, v) for m in (m1, m2))
+    return {
+        "stage_layers": derived(" or ".join(map(str, counts)), "{}", "split_layers(126, 16)"),
+        "llama_v": assumed(v, "{}", "(126 + 2) layers / 16 stages: one layer per chunk"),
+        "llama_m1": derived(m1, "{}", "2,048 sequences / DP 64, one per micro-batch"),
+        "llama_m2": derived(m2, "{}", "2,048 sequences / DP 128"),
+        "llama_bubble1": derived(b1, "{:.1%}", "(p-1)/(v m+p-1)"),
+        "llama_bubble2": derived(b2, "{:.1%}", "(p-1)/(v m+p-1)"),
+        "llama_bubble_cost": derived(1 - (1 - b2) / (1 - b1), "{:.0%}", "throughput lost"),
+        "llama_tflops_drop": derived(1 - row2.tflops_per_gpu / row1.tflops_per_gpu, "{:.0%}",
+                                     "Table 4: 430 -> 400 TFLOP/s"),
+        "first_last_stages": derived(row1.pp * v, "{}", "16 x 8 chunks"),
+    }
 
 
 def numbers() -> dict[str, Number]:
-    return {}
+    return {**_warmup_numbers(), **_zb_numbers(), **_llama3_numbers()}

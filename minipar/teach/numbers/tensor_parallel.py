@@ -1,8 +1,95 @@
-"""The numbers the tensor_parallel chapter states (book/tensor_parallel.md), computed once."""
+"""The numbers the tensor_parallel chapter states (book/tensor_parallel.md), computed once.
+
+Llama 3 405B's shapes come from its preset, its layouts from the cost model's Table 4
+(`costmodel.table4`), bytes from `formulas`, times from the cost model. Facts the paper
+reports live in `numbers.llama3`; what is here is derived from them (marked so).
+"""
 from __future__ import annotations
 
-from .core import Number
+from dataclasses import replace
+from functools import cache
+
+from ...config import ModelConfig
+from ...costmodel.constants import BF16_MIXED, TABLE4_BATCH_TOKENS
+from ...costmodel.hardware import LLAMA3_CLUSTER
+from ...costmodel.table4 import TABLE4
+from ...costmodel.time import estimate
+from ...flops import flops_per_token
+from ...formulas import (dp_bytes, layer_param_count, layer_saved_elements, param_count,
+                         tp_layer_bytes, wire_bytes)
+from .core import Number, derived
+
+GB = 1e9
+
+
+def _why_not_data_parallel(m: ModelConfig) -> dict[str, Number]:
+    """Data parallelism alone on Llama 3 405B: the batch caps the ranks, one sequence's
+    activations overflow a GPU, and ZeRO-3 moves the whole model per sequence."""
+    row1, act = TABLE4[0], BF16_MIXED.act_bytes
+    seq = row1.seq_len
+    n = param_count(m)
+    saved = layer_saved_elements(m) * seq * act * m.n_layers           # one sequence, no TP
+    zero3 = dp_bytes(n, TABLE4_BATCH_TOKENS // seq, zero=3, microbatches=1,
+                     grad_bytes=BF16_MIXED.grad_bytes, param_bytes=BF16_MIXED.param_bytes)
+    zero3_s = zero3 / (LLAMA3_CLUSTER.inter_node_GBps * GB)
+    compute_s = flops_per_token(m, seq) * seq / (row1.tflops_per_gpu * 1e12)
+    src = "book/tensor_parallel.md, opening"
+    return {
+        "layer_params_b": derived(layer_param_count(m) / 1e9, "{:.1f}", "formulas.layer_param_count"),
+        "layer_weights_gb": derived(layer_param_count(m) * BF16_MIXED.param_bytes / GB, "{:.1f} GB", "bf16"),
+        "seq_activations_gb": derived(saved / GB, "{:,.0f} GB", "formulas.layer_saved_elements x 126 layers"),
+        "hbm_gib": derived(LLAMA3_CLUSTER.hbm_gb * GB / 2**30, "{:.0f} GiB", "LLAMA3_CLUSTER.hbm_gb"),
+        "zero3_tb": derived(zero3 / 1e12, "{:.1f} TB", "formulas.dp_bytes(zero=3), one sequence"),
+        "zero3_s": derived(zero3_s, "{:.0f} s", "at one 400 Gb/s NIC, " + src),
+        "seq_compute_s": derived(compute_s, "{:.0f} s", "6N + 12Lhs FLOPs at row 1's 430 TFLOP/s"),
+    }
+
+
+def _vocab(m: ModelConfig) -> dict[str, Number]:
+    table = m.vocab_size * m.dim
+    return {
+        "vocab_params_b": derived(table / 1e9, "{:.1f}", "vocab x dim"),
+        "vocab_gb": derived(table * BF16_MIXED.param_bytes / GB, "{:.1f} GB", "bf16"),
+        "logits_over_hidden": derived(m.vocab_size / m.dim, "{:.0f}", "vocab / dim: logits vs hidden"),
+    }
+
+
+@cache
+def _row1_estimates():
+    """Table 4 row 1 as the cost model predicts it: TP inside a server (as trained), and
+    the same layout with TP across servers (one GPU per server: TP's ring on the NIC)."""
+    m, row1 = ModelConfig.preset("llama3-405b"), TABLE4[0]
+    across = replace(LLAMA3_CLUSTER, gpus_per_node=1)
+    return [estimate(m, row1.parallel(), c, row1.seq_len, global_batch_tokens=TABLE4_BATCH_TOKENS)
+            for c in (LLAMA3_CLUSTER, across)]
+
+
+def _llama3_tp(m: ModelConfig) -> dict[str, Number]:
+    row1, act = TABLE4[0], BF16_MIXED.act_bytes
+    a = row1.seq_len * m.dim * act                                   # one [1, s, h] activation
+    inside, across = _row1_estimates()
+    reported_step = TABLE4_BATCH_TOKENS * flops_per_token(m, row1.seq_len) / (
+        row1.gpus * row1.tflops_per_gpu * 1e12)
+    # Row 1's own step, compute and TP time are numbers.mfu's (row1_step_s, ...); here the
+    # shares and the what-if with TP across servers, from the same estimate call.
+    cm = "cost model (costmodel.estimate), Table 4 row 1"
+    return {
+        "act_mb": derived(a / 1e6, "{:.0f} MB", "[1, 8192, 16384] in bf16"),
+        "allreduce_mb": derived(wire_bytes("all_reduce", row1.tp, a) / 1e6, "{:.0f} MB", "ring, t = 8"),
+        "layer_wire_gb": derived(tp_layer_bytes(row1.seq_len, m.dim, row1.tp, act) / GB, "{:.1f} GB",
+                            "formulas.tp_layer_bytes"),
+        "microbatches": derived(inside.microbatches, "{:,}", "2,048 sequences / DP 64"),
+        "layers_per_gpu": derived(m.n_layers / row1.pp, "{:.3g}", "126 layers / PP 16"),
+        "tp_share": derived(inside.time_breakdown_s["tp"] / inside.time_breakdown_s["compute"],
+                            "{:.0%}", cm),
+        "roce_tp_s": derived(across.time_breakdown_s["tp"], "{:.1f} s", cm + ", TP across servers"),
+        "roce_tp_share": derived(across.time_breakdown_s["tp"] / across.time_breakdown_s["compute"],
+                                 "{:.0%}", cm + ", TP across servers"),
+        "roce_step_s": derived(across.step_time_s, "{:.1f} s", cm + ", TP across servers"),
+        "reported_step_s": derived(reported_step, "{:.1f} s", "16M tokens x 6N+12Lhs / (8,192 x 430 TFLOP/s)"),
+    }
 
 
 def numbers() -> dict[str, Number]:
-    return {}
+    m = ModelConfig.preset("llama3-405b")
+    return {**_why_not_data_parallel(m), **_vocab(m), **_llama3_tp(m)}

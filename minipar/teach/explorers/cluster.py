@@ -1,0 +1,56 @@
+"""The cluster chapter's explorer: a [TP, CP, PP, DP] layout -> where its ranks land on
+servers and pods, and which link each axis' rings cross (`minipar.placement`)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ...costmodel.hardware import Cluster
+from ...grid import AXES, ProcessGrid
+from ..figures.cluster import plot_grid_on_cluster
+from ... import placement as place
+from ..widgets import live_panel
+
+DEFAULTS = dict(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32)
+DRAWN = 128     # above this many ranks only the link counts are drawn, not every rank
+
+
+def figure(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32):
+    """Left: the ring hops of each axis by the link they cross (NVLink, one rail, the spine,
+    between pods). Right, for up to 128 ranks: every rank on its server, the groups of
+    rank 0 coloured."""
+    grid = ProcessGrid(tp, cp, pp, dp)
+    cluster = Cluster(gpus_per_node=gpus_per_node, gpus_per_rack=2 * gpus_per_node,
+                      pod_size=pod_size)
+    small = grid.world_size <= DRAWN
+    fig = plt.figure(figsize=(11 if small else 5.5, 4.2))
+    ax = fig.add_subplot(1, 2 if small else 1, 1)
+    axes = [a for a in AXES if grid.sizes[a] > 1]
+    hops = {a: place.ring_links(grid, a, cluster) for a in axes}
+    bottom = [0.0] * len(axes)
+    for k, linkname in enumerate(place.LINKS):
+        share = [hops[a][linkname] / max(1, sum(hops[a].values())) for a in axes]
+        ax.bar([a.upper() for a in axes], share, bottom=bottom, label=linkname,
+               color=["#4C72B0", "#55A868", "#DD8452", "#C44E52"][k])
+        bottom = [b + s for b, s in zip(bottom, share)]
+    ax.set(ylim=(0, 1), ylabel="share of the axis' ring hops",
+           title=f"{grid.world_size:,} ranks: tp={tp} cp={cp} pp={pp} dp={dp}\n"
+                 f"servers of {gpus_per_node}, pods of {pod_size:,}, rail-optimized")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper left")
+    if small:
+        plot_grid_on_cluster(tp, cp, pp, dp, gpus_per_node, 2 * gpus_per_node, pod_size,
+                             ax=fig.add_subplot(1, 2, 2))
+    fig.tight_layout()
+    return fig
+
+
+def explore(**defaults):
+    """Sliders over `figure`."""
+    import ipywidgets as w   # here: only the live explorer needs it
+    v = {**DEFAULTS, **defaults}
+    pick = lambda name, options: w.Dropdown(options=options, value=v[name], description=name)  # noqa: E731
+    controls = {"tp": pick("tp", [1, 2, 4, 8]), "cp": pick("cp", [1, 2, 4, 8, 16]),
+                "pp": pick("pp", [1, 2, 4, 8, 16]), "dp": pick("dp", [1, 2, 4, 8, 16, 64, 128]),
+                "gpus_per_node": pick("gpus_per_node", [4, 8]),
+                "pod_size": pick("pod_size", [16, 32, 64, 3072])}
+    return live_panel(controls, lambda values: figure(**values), split=3)

@@ -1,0 +1,61 @@
+"""The data-parallelism chapter's explorer (book/data_parallel.md): what one GPU holds under
+each ZeRO stage, from `formulas.zero_bytes_per_param`.
+
+The model's parameters are first split by the model-parallel axes (TP x PP, `model_parallel`
+GPUs), then each part is sharded over `dp` data-parallel ranks as the stage says. `figure`
+draws it (the page shows Llama 3 405B on TP 8 x PP 16 with DP 64, in mixed precision);
+`explore` puts sliders on it.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ...config import PRESETS, ModelConfig
+from ...formulas import param_count, zero_bytes_per_param
+from ..figures.data_parallel import plot_zero_memory
+from ..widgets import live_panel
+
+DEFAULTS = dict(model="llama3-405b", model_parallel=128, dp=64, param_bytes=2, grad_bytes=2,
+                optimizer_bytes=12, hbm_gb=80.0)
+
+
+def zero_memory(**values) -> dict[int, dict[str, float]]:
+    """{stage: {params, grads, optimizer}} bytes one GPU holds. Pure."""
+    kw = {**DEFAULTS, **values}
+    psi = param_count(ModelConfig.preset(kw["model"])) / kw["model_parallel"]
+    return {z: {part: b * psi for part, b in zero_bytes_per_param(
+                z, kw["dp"], kw["param_bytes"], kw["grad_bytes"], kw["optimizer_bytes"]).items()}
+            for z in range(4)}
+
+
+def figure(**values):
+    """Stacked bars per ZeRO stage (GB per GPU, before activations) against the HBM."""
+    kw = {**DEFAULTS, **values}
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    plot_zero_memory(zero_memory(**kw), unit=1e9, unit_name="GB", limit=kw["hbm_gb"] * 1e9,
+                     limit_label=f"HBM {kw['hbm_gb']:g} GB", ax=ax,
+                     title=f"{kw['model']} / {kw['model_parallel']} GPUs of TP x PP, DP {kw['dp']}: "
+                           f"{kw['param_bytes']:g} + {kw['grad_bytes']:g} + "
+                           f"{kw['optimizer_bytes']:g} bytes/param")
+    fig.tight_layout()
+    return fig
+
+
+def explore(**defaults):
+    """Sliders for the model, TP x PP, DP and the bytes per parameter of each part."""
+    import ipywidgets as w   # here, not at the top: only the live explorer needs it
+
+    kw = {**DEFAULTS, **defaults}
+    pow2 = lambda lo, hi: [2**i for i in range(lo, hi + 1)]  # noqa: E731
+    controls = {
+        "model": w.Dropdown(options=list(PRESETS), value=kw["model"], description="model"),
+        "model_parallel": w.SelectionSlider(options=pow2(0, 10), value=kw["model_parallel"],
+                                            description="TP x PP"),
+        "dp": w.SelectionSlider(options=pow2(0, 11), value=kw["dp"], description="DP"),
+        "param_bytes": w.Dropdown(options=[2, 4], value=kw["param_bytes"], description="weight B"),
+        "grad_bytes": w.Dropdown(options=[2, 4], value=kw["grad_bytes"], description="grad B"),
+        "optimizer_bytes": w.Dropdown(options=[8, 12, 16], value=kw["optimizer_bytes"],
+                                      description="optim. B"),
+        "hbm_gb": w.FloatSlider(value=kw["hbm_gb"], min=16, max=192, step=8, description="HBM GB"),
+    }
+    return live_panel(controls, lambda values: figure(**values), split=4)

@@ -1,0 +1,69 @@
+"""The 4D chapter's explorer (book/fourd.md): the planner's ranking as the model, the GPU,
+the cluster size, the sequence and the batch change.
+
+Every fitting layout is `costmodel.planner.plan`'s (the function `make test` runs on three
+cases), drawn by `figures.fourd.plot_plan`: each of the best layouts as the shares of its
+step (compute, TP, CP, bubble, PP, DP, optimizer) with its MFU. When nothing fits, the
+figure names the constraint that binds (`planner.binding_constraint`).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ...config import ConfigError, ModelConfig
+from ...costmodel import GPU_NAMES, binding_constraint, gpu_cluster, plan
+from ...costmodel.planner import describe
+from ..figures.fourd import plot_plan
+from ..style import INVALID
+from ..widgets import live_panel
+
+MODELS = ("llama3-8b", "llama3-70b", "llama3-405b")
+DEFAULTS = dict(model="llama3-70b", gpu="h100", gpus=1024, seq_len=8192, batch_mtokens=4,
+                tp_overlap=False, top=6)
+
+
+def figure(**values):
+    """The planner's `top` layouts for the chosen model, GPU, cluster size, sequence length
+    and global batch (millions of tokens, 2**20), best first."""
+    kw = {**DEFAULTS, **values}
+    cluster = gpu_cluster(kw["gpu"])
+    try:
+        p = plan(ModelConfig.preset(kw["model"]), cluster, kw["gpus"], kw["seq_len"],
+                 int(kw["batch_mtokens"] * 2**20), top=kw["top"], tp_overlap=kw["tp_overlap"])
+    except ConfigError as e:
+        return _message(f"invalid: {e}")
+    if not p.ranked:
+        return _message(f"{kw['model']} on {kw['gpus']} x {kw['gpu']}: nothing fits: "
+                        f"{binding_constraint(p, cluster)}")
+    fig = plot_plan([describe(e) for e in p.ranked], [e.time_breakdown_s for e in p.ranked],
+                    [e.mfu for e in p.ranked])
+    fig.axes[0].set_title(f"{kw['model']} on {kw['gpus']:,} x {kw['gpu']}, {kw['seq_len']:,}-token "
+                          f"sequences, {kw['batch_mtokens']}M tokens:\nthe planner's best "
+                          f"({p.tried} layouts tried)", fontsize=9)
+    return fig
+
+
+def _message(text: str):
+    fig, ax = plt.subplots(figsize=(10, 1.6))
+    ax.axis("off")
+    ax.text(0, 0.5, text, color=INVALID, fontsize=9, wrap=True)
+    return fig
+
+
+def explore(**defaults):
+    """Controls for the model, the GPU, the number of GPUs, the sequence, the batch, overlap."""
+    import ipywidgets as w   # here, not at the top: only the live explorer needs it
+
+    kw = {**DEFAULTS, **defaults}
+    controls = {
+        "model": w.Dropdown(options=list(MODELS), value=kw["model"], description="model"),
+        "gpu": w.Dropdown(options=list(GPU_NAMES), value=kw["gpu"], description="GPU"),
+        "gpus": w.SelectionSlider(options=[2**k for k in range(3, 15)], value=kw["gpus"],
+                                  description="GPUs"),
+        "seq_len": w.SelectionSlider(options=[2**k for k in range(11, 18)], value=kw["seq_len"],
+                                     description="sequence"),
+        "batch_mtokens": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=kw["batch_mtokens"],
+                                           description="batch (M tok)"),
+        "tp_overlap": w.Checkbox(value=kw["tp_overlap"], description="--tp-overlap"),
+    }
+    return live_panel(controls, lambda values: figure(**values, top=kw["top"]), split=3)

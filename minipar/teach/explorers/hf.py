@@ -1,0 +1,48 @@
+"""The hf chapter's explorer: a model's shape and a tp x pp layout -> which slice of every
+weight each rank reads from the files (`figures.hf.plot_slices`) and how many bytes."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ...config import ModelConfig
+from ...formulas import local_param_count, param_count, split_layers
+from ..figures.hf import plot_slices
+from ..widgets import live_panel
+
+DEFAULTS = dict(tp=2, pp=2, layers=4, dim=128, heads=4, kv_heads=2, ffn=384, vocab=512)
+
+
+def rank_bytes(tp, pp, layers, dim, heads, kv_heads, ffn, vocab, dtype_bytes=2) -> list[int]:
+    """Bytes each pipeline stage's TP rank reads (bf16 by default), first stage first."""
+    m = ModelConfig(n_layers=layers, dim=dim, n_heads=heads, n_kv_heads=kv_heads,
+                    ffn_dim=ffn, vocab_size=vocab, tie_embeddings=False)
+    return [dtype_bytes * local_param_count(m, tp, len(s), i == 0, i == pp - 1)
+            for i, s in enumerate(split_layers(layers, pp))]
+
+
+def figure(tp=2, pp=2, layers=4, dim=128, heads=4, kv_heads=2, ffn=384, vocab=512):
+    """The slices of one layer per TP rank, and each stage's bytes read against the model's."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [4, 1]})
+    plot_slices(tp, pp, layers, dim, heads, kv_heads, ffn, vocab, ax=ax)
+    per = rank_bytes(tp, pp, layers, dim, heads, kv_heads, ffn, vocab)
+    whole = 2 * param_count(ModelConfig(n_layers=layers, dim=dim, n_heads=heads,
+                                        n_kv_heads=kv_heads, ffn_dim=ffn, vocab_size=vocab,
+                                        tie_embeddings=False))
+    bx.bar([f"stage {i}" for i in range(pp)], [b / whole for b in per], color="#4C72B0")
+    bx.set(ylabel="share of the model's bytes one rank reads", ylim=(0, 1))
+    bx.set_title(f"{tp * pp} ranks, bf16, untied", fontsize=8)
+    bx.tick_params(labelsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def explore(**defaults):
+    """Controls over `figure`."""
+    import ipywidgets as w   # here: only the live explorer needs it
+    v = {**DEFAULTS, **defaults}
+    pick = lambda name, options: w.Dropdown(options=options, value=v[name], description=name)  # noqa: E731
+    controls = {"tp": pick("tp", [1, 2, 4]), "pp": pick("pp", [1, 2, 4]),
+                "layers": pick("layers", [4, 8, 16]), "dim": pick("dim", [64, 128, 256]),
+                "heads": pick("heads", [4, 8]), "kv_heads": pick("kv_heads", [1, 2, 4]),
+                "ffn": pick("ffn", [256, 384, 512]), "vocab": pick("vocab", [256, 512, 1024])}
+    return live_panel(controls, lambda values: figure(**values), split=4)

@@ -1,0 +1,71 @@
+"""The case-study chapter's explorer (book/llama3.md): a layout of Llama 3 405B laid onto
+the machine, and what one GPU sends on each axis.
+
+Left, the model replicas (TP x CP x PP consecutive ranks, order [TP, CP, PP, DP]) along the
+GPUs, with the 3,072-GPU pods behind them: a replica that spans two pods is drawn black
+(`figures.llama3.replica_pods`). Right, the bytes one GPU sends for one layer and one
+sequence on TP (sequence parallel), CP (Llama 3's all-gather of K and V) and PP (one chunk
+boundary, its 1/TP with SP), from the formulas the axis files are tested against.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from ...config import ModelConfig
+from ...costmodel.constants import BF16_MIXED
+from ...costmodel.hardware import LLAMA3_CLUSTER
+from ...costmodel.table4 import Table4Row
+from ...formulas import cp_kv_bytes, cp_layer_bytes, tp_layer_bytes, wire_bytes
+from ..figures.llama3 import _draw_row
+from ..style import COLORS
+from ..widgets import live_panel
+
+DEFAULTS = dict(tp=8, cp=16, pp=16, dp=8, seq_len=131072, pod_size=LLAMA3_CLUSTER.pod_size)
+
+
+def layer_bytes(tp: int, cp: int, pp: int, seq_len: int) -> dict[str, float]:
+    """Bytes one GPU sends for one layer of one sequence, by axis (bf16, SP on when tp > 1)."""
+    m, act = ModelConfig.preset("llama3-405b"), BF16_MIXED.act_bytes
+    tokens = seq_len // cp
+    kv = cp_kv_bytes(tokens, max(m.n_kv_heads // tp, 1), m.head_dim, act)
+    return {"tp": tp_layer_bytes(tokens, m.dim, tp, act) if tp > 1 else 0,
+            "cp": cp_layer_bytes(kv, cp, "allgather"),
+            "pp": 2 * wire_bytes("send", pp, tokens * m.dim * act // tp) if pp > 1 else 0}
+
+
+def figure(**values):
+    kw = {**DEFAULTS, **values}
+    gpus = kw["tp"] * kw["cp"] * kw["pp"] * kw["dp"]
+    row = Table4Row(gpus, kw["tp"], kw["cp"], kw["pp"], kw["dp"], kw["seq_len"], 0, 0)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [3, 1.3]})
+    _draw_row(left, row, kw["pod_size"])
+    left.set_xlabel(f"GPU rank; grey bands: pods of {kw['pod_size']:,}; black: a replica in two pods",
+                    fontsize=8)
+    left.set_title(f"TP{kw['tp']} CP{kw['cp']} PP{kw['pp']} DP{kw['dp']} = {gpus:,} GPUs, "
+                   f"a replica = {kw['tp'] * kw['cp'] * kw['pp']:,} GPUs", fontsize=9)
+    sent = layer_bytes(kw["tp"], kw["cp"], kw["pp"], kw["seq_len"])
+    right.bar(range(3), [v / 1e6 for v in sent.values()], color=[COLORS[a] for a in sent])
+    right.set_xticks(range(3))
+    right.set_xticklabels([a.upper() for a in sent])
+    right.set_ylabel("MB per GPU, one layer", fontsize=8)
+    right.set_title(f"one sequence of {kw['seq_len']:,} tokens", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def explore(**defaults):
+    """Sliders over the four degrees, the sequence and the pod size."""
+    import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
+
+    kw = {**DEFAULTS, **defaults}
+
+    def powers(key, hi):
+        return w.SelectionSlider(options=[2**i for i in range(hi + 1)], value=kw[key], description=key)
+
+    controls = {"tp": powers("tp", 4), "cp": powers("cp", 5), "pp": powers("pp", 6),
+                "dp": powers("dp", 8),
+                "seq_len": w.SelectionSlider(options=[2**i for i in range(13, 18)], value=kw["seq_len"],
+                                             description="seq len"),
+                "pod_size": w.Dropdown(options=[1024, 2048, 3072, 4096], value=kw["pod_size"],
+                                       description="pod GPUs")}
+    return live_panel(controls, lambda values: figure(**{**kw, **values}), split=3)

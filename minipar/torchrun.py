@@ -1,0 +1,134 @@
+"""`python -m minipar.torchrun`: torchrun, ending on a signal the way `minipar.train` does.
+
+Chapter "From a laptop to a cluster". It takes torchrun's flags and runs torchrun's own
+agent (`torch.distributed.run.main`); only the end differs. When the agent gets SIGTERM
+(Slurm's preemption, `scancel`, `timeout`) or SIGINT, torch's handler raises
+`SignalException` in it; the agent passes the signal on to its workers, waits for them
+(its `--shutdown-timeout`) and then lets the exception out, a 30-line traceback with exit
+status 1. Here the command ends instead with one line and exit 128 + the signal (143,
+130): rank 0's line when its node's workers stopped at a step boundary (with --save,
+after a checkpoint), else a line saying that this node's workers were stopped. A worker
+that fails ends it with one line naming the first rank that failed and its exit code
+(the error that rank printed is above it).
+
+    python -m minipar.torchrun --standalone --nproc-per-node 4 -m minipar.train --dp 4
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+
+from torch.distributed import run as torch_run
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from .cli import END_LINE_ENV
+
+PROG = "python -m minipar.torchrun"
+HELP = (f"{PROG}: torchrun (its flags below) whose agent, on SIGTERM or Ctrl-C, lets its "
+        "workers stop at a step boundary (with --save, after a checkpoint) and then ends with "
+        "one line and exit 128+signal (143, 130), not a traceback. For example:\n  "
+        f"{PROG} --standalone --nproc-per-node 4 -m minipar.train --dp 4\n")
+STOP_STATUSES = {128 + s for s in (signal.SIGTERM, signal.SIGINT)}
+# the agent's own lines about a signal: the one line printed here replaces them
+AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api",
+                 "torch.distributed.elastic.multiprocessing.api")
+
+
+class _NoSignalChatter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("death signal" in text or "closing signal" in text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun's agent with `argv` (torchrun's flags, then the workers' command);
+    return the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(HELP, file=sys.stderr)
+    quiet = _NoSignalChatter()
+    for name in AGENT_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    with tempfile.TemporaryDirectory(prefix="minipar-torchrun-") as tmp:
+        line_file = os.path.join(tmp, "end_line")
+        os.environ[END_LINE_ENV] = line_file      # the workers inherit it
+        try:
+            torch_run.main(argv)
+            return 0
+        except SignalException as e:
+            return stopped(int(e.sigval), line_file)
+        except ChildFailedError as e:
+            return child_failed(e, line_file)
+        finally:
+            os.environ.pop(END_LINE_ENV, None)
+            for name in AGENT_LOGGERS:
+                logging.getLogger(name).removeFilter(quiet)
+
+
+def stopped(signum: int, line_file: str) -> int:
+    """The agent got `signum` and has passed it on to its workers: one line, 128 + it."""
+    with _ignoring_stop_signals():
+        left = kill_children()      # a second signal can cut the agent's shutdown short
+        line = _read(line_file) or (
+            f"{PROG}: stopped by {signal.Signals(signum).name}; this node's workers were "
+            "stopped (no step boundary reported here: rank 0 runs on another node, or the "
+            "workers were stopped before they reached one)")
+        if left:
+            line += f" (killed {len(left)} worker(s) still running: pids {left})"
+        print(line, file=sys.stderr, flush=True)
+    return 128 + signum
+
+
+def child_failed(e: ChildFailedError, line_file: str) -> int:
+    """A worker exited non-zero. Workers that all exited 143/130 stopped on a signal they
+    got themselves (Slurm signals every process of a step): report it like one to the agent."""
+    codes = {f.exitcode for f in e.failures.values()}
+    if codes <= STOP_STATUSES and len(codes) == 1:
+        return stopped(codes.pop() - 128, line_file)
+    rank, failure = e.get_first_failure()
+    print(f"{PROG}: error: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) "
+          f"exited with {failure.exitcode} first; what it printed above says why", file=sys.stderr)
+    return 1
+
+
+@contextlib.contextmanager
+def _ignoring_stop_signals():
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def kill_children() -> list[int]:
+    """SIGKILL every child of this process still alive (read from /proc); their PIDs."""
+    me, out = os.getpid(), []
+    pids = [e for e in os.listdir("/proc") if e.isdigit()] if os.path.isdir("/proc") else []
+    for entry in pids:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == me and fields[0] != "Z":
+                os.kill(int(entry), signal.SIGKILL)
+                out.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass          # not a process, or gone meanwhile
+    return sorted(out)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

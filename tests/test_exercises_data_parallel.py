@@ -1,0 +1,103 @@
+"""The data-parallel chapter's checks accept a right answer, reject the typical wrong ones
+(the chapter's bugs: a loss over the local tokens, replicas that never synced, a ZeRO step
+that forgets to gather), and shrug at None; its figures draw from the package's functions."""
+import torch
+import torch.distributed as dist
+
+from minipar.config import ModelConfig
+from minipar.formulas import bucket_timeline, param_count
+from minipar.teach import exercises as E
+from minipar.teach.exercises.data_parallel import ZERO1_ADAMW, dp_loss_buggy
+from minipar.teach.figures.data_parallel import model_buckets
+
+
+def global_mean_loss(model, x, y, global_tokens):
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="sum") / global_tokens
+
+
+def test_dp_loss_check():
+    assert E.check_dp_loss(global_mean_loss)
+    assert E.check_dp_loss(dp_loss_buggy).ok is False
+    assert E.check_dp_loss(None).ok is None
+
+
+def broadcast_everything(model):
+    for t in model.state_dict().values():
+        dist.broadcast(t, 0)
+
+
+def broadcast_trainable_only(model):
+    for p in model.parameters():
+        if p.requires_grad:
+            dist.broadcast(p.data, 0)
+
+
+def test_sync_replicas_check():
+    assert E.check_sync_replicas(broadcast_everything)
+    assert E.check_sync_replicas(lambda model: None).ok is False
+    frozen = E.check_sync_replicas(broadcast_trainable_only)     # the frozen bias differs
+    assert frozen.ok is False and "step 1" in frozen.message
+    assert E.check_sync_replicas(None).ok is None
+
+
+def zero1(params, gather=True):
+    n, r = dist.get_world_size(), dist.get_rank()
+    trainable = [p for p in params if p.requires_grad]
+    shards = []
+    for p in trainable:                       # pad to a multiple of n; keep my r-th piece
+        k = -(-p.numel() // n)
+        flat = torch.zeros(k * n)
+        flat[:p.numel()] = p.detach().flatten()
+        shards.append(flat[r * k:(r + 1) * k].clone().requires_grad_())
+    opt = torch.optim.AdamW(shards, **ZERO1_ADAMW)
+
+    def step():
+        for p, s in zip(trainable, shards):
+            g = torch.zeros(s.numel() * n)
+            g[:p.numel()] = p.grad.flatten()
+            s.grad = torch.empty(s.numel())
+            dist.reduce_scatter_single(s.grad, g)
+        opt.step()
+        for p, s in zip(trainable if gather else [], shards):
+            full = torch.empty(s.numel() * n)
+            dist.all_gather_single(full, s.detach())
+            p.data.copy_(full[:p.numel()].view_as(p))
+    return step
+
+
+def test_zero1_step_check():
+    assert E.check_zero1_step(zero1)
+    forgot = E.check_zero1_step(lambda params: zero1(params, gather=False))
+    assert forgot.ok is False and "all-gather" in forgot.message
+    assert E.check_zero1_step(None).ok is None
+
+
+# ------------------------------------------------------------ the pictures' arithmetic
+def test_bucket_counts_and_timeline():
+    tiny = ModelConfig.preset("tiny")
+    naive = model_buckets(tiny, 0)
+    assert naive[-1][1] == param_count(tiny) and sum(b for b, _ in naive) == 4 * param_count(tiny)
+    assert len(model_buckets(tiny, 100)) == 2          # the 1 MB first bucket, then the rest
+    spans = bucket_timeline([10, 10], [0.0, 0.0], 2, alpha=0.0, bandwidth=10.0)
+    assert spans == [(0.0, 1.0), (1.0, 2.0)]           # one link: the second waits
+
+
+def test_explorer_zero_memory():
+    from minipar.teach.explorers import data_parallel
+    mem = data_parallel.zero_memory(model="tiny", model_parallel=1, dp=4, param_bytes=4,
+                                    grad_bytes=4, optimizer_bytes=8)
+    psi = param_count(ModelConfig.preset("tiny"))
+    assert [sum(m.values()) for m in mem.values()] == [16 * psi, 10 * psi, 7 * psi, 4 * psi]
+    assert data_parallel.figure(dp=8).axes
+
+
+def test_predict_zero_bytes_check():
+    from minipar.teach.exercises.data_parallel import PREDICT_ZERO
+    psi = param_count(ModelConfig.preset("tiny"))
+    n, m, g = PREDICT_ZERO["dp"], PREDICT_ZERO["microbatches"], 4 * psi
+    # ZeRO-2: a reduce-scatter of the gradients per micro-batch, one all-gather of the weights
+    want = m * (n - 1) * g // n + (n - 1) * g // n
+    assert E.check_predict_zero_bytes(want)                         # runs minipar's trainer
+    once = (n - 1) * g // n * 2                                     # ZeRO-1's: one reduce-scatter
+    assert E.check_predict_zero_bytes(once, measured=want).ok is False
+    assert E.check_predict_zero_bytes(None).ok is None

@@ -1,0 +1,54 @@
+"""The 4D chapter's checks accept the right answer, reject the typical wrong ones, and say
+"not answered" for None (minipar/teach/exercises/fourd.py)."""
+from minipar.config import ModelConfig
+from minipar.formulas import local_param_count, param_count
+from minipar.grid import ProcessGrid
+from minipar.teach.exercises import fourd as ex
+
+
+def test_coords():
+    assert ex.check_coords(10_000, 8, 16, 16, 8, {"tp": 0, "cp": 2, "pp": 14, "dp": 4})
+    assert ex.check_coords(10_000, 8, 16, 16, 8, {"tp": 0, "cp": 0, "pp": 0, "dp": 0}).ok is False
+    assert ex.check_coords(10_000, 8, 16, 16, 8, None).ok is None
+
+
+def test_dp_group():
+    def right(rank, tp, cp, pp, dp):
+        stride = tp * cp * pp
+        return [rank % stride + d * stride for d in range(dp)]
+
+    def tp_group(rank, tp, cp, pp, dp):          # the usual mix-up: consecutive ranks
+        return [rank // tp * tp + i for i in range(tp)]
+    assert ex.check_dp_group(right)
+    assert ex.check_dp_group(tp_group).ok is False
+    assert ex.check_dp_group(None).ok is None
+
+
+def test_coords_bug():
+    assert ex.check_coords_bug(lambda r, *s: ProcessGrid(*s).coords(r))
+    assert ex.check_coords_bug(ex.buggy_coords).ok is False
+
+    def swapped_pp_cp(rank, tp, cp, pp, dp):     # right on 2x2x2x2, wrong on uneven grids
+        out = {}
+        for axis, size in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp)):
+            out[axis], rank = rank % size, rank // size
+        return out
+    assert ex.check_coords_bug(swapped_pp_cp).ok is False
+    assert ex.check_coords_bug(None).ok is None
+
+
+def test_predict_dp_bytes_runs_on_gloo_and_rejects_the_usual_mistakes():
+    tiny = ModelConfig.preset("tiny")
+    local = local_param_count(tiny, 2, tiny.n_layers, True, True)
+    assert ex.check_predict_dp_shard_bytes(4 * local)                 # 2(n-1)/n x 4 B x local, n = 2
+    assert ex.check_predict_dp_shard_bytes(4 * param_count(tiny)).ok is False     # the whole model
+    assert ex.check_predict_dp_shard_bytes(2 * local).ok is False                 # bf16
+    assert ex.check_predict_dp_shard_bytes(None).ok is None
+
+
+def test_plan():
+    assert ex.check_plan({"tp": 2, "cp": 2, "pp": 16})
+    assert ex.check_plan({"tp": 8, "cp": 1, "pp": 4}).ok is False          # TP8 on width 8,192
+    assert ex.check_plan({"tp": 2, "cp": 1, "pp": 1}).ok is False          # does not fit
+    assert ex.check_plan({"tp": 3, "cp": 1, "pp": 1}).ok is False          # cannot run
+    assert ex.check_plan(None).ok is None

@@ -1,0 +1,89 @@
+"""The hf chapter's checks accept the right answer and reject the usual wrong ones, and the
+facts they and the chapter's figures rest on are the package's."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minipar.config import ModelConfig
+from minipar.grid import ProcessGrid
+from minipar.launch import run_local
+from minipar.parallel.tensor import apply_tensor_parallel
+from minipar.model import Transformer
+from minipar.teach.exercises import hf as ex
+from minipar.teach.figures.hf import TP_DIM
+
+
+def read_tp(sl, tp_dim, tp_rank, tp_size):
+    if tp_dim is None:
+        return sl[:]
+    k = sl.get_shape()[tp_dim] // tp_size
+    return sl[tp_rank * k:(tp_rank + 1) * k] if tp_dim == 0 else sl[:, tp_rank * k:(tp_rank + 1) * k]
+
+
+def hf_permute(w, n_heads):        # transformers' convert_llama_weights_to_hf.py
+    d = w.shape[0] // n_heads
+    return w.view(n_heads, d // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
+
+
+def test_tp_slice_on_gloo_ranks():
+    assert ex.check_tp_slice(read_tp)
+
+    def always_rows(sl, tp_dim, tp_rank, tp_size):    # forgets row-parallel weights
+        return read_tp(sl, None if tp_dim is None else 0, tp_rank, tp_size)
+    verdict = ex.check_tp_slice(always_rows)
+    assert verdict.ok is False and "o_proj" in verdict.message
+
+    def rank_zero_everywhere(sl, tp_dim, tp_rank, tp_size):
+        return read_tp(sl, tp_dim, 0, tp_size)
+    verdict = ex.check_tp_slice(rank_zero_everywhere)
+    assert verdict.ok is False and "rank 1" in verdict.message
+    assert ex.check_tp_slice(None).ok is None
+
+
+def test_rope_permute():
+    assert ex.check_rope_permute(hf_permute)
+
+    def inverse(w, n_heads):       # the classic bug: the permutation the other way round
+        d = w.shape[0] // n_heads
+        return w.view(n_heads, 2, d // 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
+    assert ex.check_rope_permute(inverse).ok is False
+    assert ex.check_rope_permute(lambda w, n: w).ok is False
+    assert ex.check_rope_permute(None).ok is None
+
+
+def test_meta_rope_matches_hf_rope_after_the_permutation_per_vector():
+    # the check's truth: rotating pairs (2i, 2i+1) then permuting = permuting then (i, i+d/2)
+    x, pos = torch.randn(5, 3, 8, dtype=torch.float64), torch.arange(5) * 11
+    order = hf_permute(torch.arange(8.0).view(8, 1), 1).view(-1).long()
+    assert torch.allclose(ex.meta_rope(x, pos, 500000.0)[..., order],
+                          ex.hf_rope(x[..., order], pos, 500000.0))
+
+
+def test_initial_loss_runs_one_step():
+    assert ex.check_initial_loss(math.log(512))
+    assert ex.check_initial_loss(math.log(256)).ok is False     # bytes, not the model's vocab
+    assert ex.check_initial_loss(None).ok is None
+
+
+def test_kv_cache_tokens():
+    m = ModelConfig.preset("llama3-70b")
+    free = 80e9 - 2 * 70_553_706_496 / 8
+    per_token = 2 * m.n_layers * (m.n_kv_heads // 8) * m.head_dim * 2
+    assert ex.check_kv_cache_tokens(free / per_token)
+    assert ex.check_kv_cache_tokens(free / per_token / 8).ok is False
+    assert ex.check_kv_cache_tokens(None).ok is None
+
+
+def _tp_dims():
+    grid = ProcessGrid(tp=2, rank=torch.distributed.get_rank()).init_groups()
+    model = apply_tensor_parallel(Transformer(ModelConfig.preset("tiny"), seed=0), grid.tp)
+    return {name: getattr(p, "_tp_dim", None) for name, p in model.named_parameters()}
+
+
+def test_figure_tp_dims_are_the_parallelized_models():
+    dims = run_local(_tp_dims, 2, backend="gloo")[0]
+    for name, dim in dims.items():
+        key = next(k for k in TP_DIM if f"{k}." in name or name.startswith(k))
+        assert TP_DIM[key] == dim, name
