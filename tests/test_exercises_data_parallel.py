@@ -101,3 +101,29 @@ def test_predict_zero_bytes_check():
     once = (n - 1) * g // n * 2                                     # ZeRO-1's: one reduce-scatter
     assert E.check_predict_zero_bytes(once, measured=want).ok is False
     assert E.check_predict_zero_bytes(None).ok is None
+
+
+def _buckets_by_hand(sizes, bucket_mb):
+    """The chapter's rule, written from its prose: reverse order, the first bucket closes at
+    1 MB (or bucket_mb if smaller), the others at bucket_mb."""
+    buckets, current, size, limit = [], [], 0, min(bucket_mb, 1.0) * 2**20
+    for i in reversed(range(len(sizes))):
+        current.append(i)
+        size += sizes[i]
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, bucket_mb * 2**20
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def test_check_buckets_right_wrong_and_unanswered():
+    assert E.check_buckets(_buckets_by_hand).ok is True
+    forward = E.check_buckets(lambda s, b: [list(range(len(s)))])
+    assert forward.ok is False and "reverse" in repr(forward)
+    no_small_first = E.check_buckets(
+        lambda s, b: _buckets_by_hand(s, b) if b < 1 else [list(reversed(range(len(s))))])
+    assert no_small_first.ok is False and "first bucket" in repr(no_small_first)
+    assert E.check_buckets(lambda s, b: 1 / 0).ok is False
+    assert E.check_buckets(None).ok is None

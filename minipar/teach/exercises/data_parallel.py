@@ -6,9 +6,10 @@ import torch.distributed as dist
 
 from ...config import ParallelConfig
 from ...formulas import dp_bytes
+from ...parallel.data import FIRST_BUCKET_MB, make_buckets
 from ...train import TrainConfig, train
-from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference, number,
-                   on_ranks, predicted)
+from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference,
+                   function_given, number, on_ranks, predicted, right, wrong)
 
 
 @exercise("data_parallel", "number")
@@ -216,5 +217,52 @@ def check_predict_zero_bytes(prediction, measured: int | None = None) -> Verdict
                          "tiny divides by 4")
 
 
-__all__ = [n for n in dir() if n.startswith("check_")] + ["PREDICT_ZERO", "ZERO1_ADAMW", "dp_loss_buggy",
+# ---------------------------------------------------------------- implement: buckets
+MB = 2**20
+# (gradient bytes in forward order, bucket_mb): built so that minipar's buckets number
+# exactly 1, 2 and 3 (the check asserts it), with the small first bucket deciding one case.
+BUCKET_CASES = [([MB // 4, MB // 4, MB // 4], 25.0),
+                ([3 * MB, MB // 2, 2 * MB], 25.0),
+                ([MB, 2 * MB, MB, MB // 2], 2.0)]
+
+
+def _reference_buckets(sizes: list[int], bucket_mb: float) -> list[list[int]]:
+    """minipar's own buckets for gradients of these byte sizes, as parameter indices."""
+    params = [torch.nn.Parameter(torch.empty(s // 4)) for s in sizes]   # float32
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index[id(p)] for p in b] for b in make_buckets(params, bucket_mb)]
+
+
+def _bucket_hint(sizes, bucket_mb, got) -> str:
+    flat = [i for b in got for i in b] if isinstance(got, list) else []
+    if flat == list(range(len(sizes))):
+        return (" Backward produces the gradients last layer first: fill the buckets in "
+                "reverse forward order, so the first bucket can start while backward runs.")
+    return (f" The first bucket closes at {FIRST_BUCKET_MB:g} MB (or bucket_mb if smaller), "
+            f"the others at bucket_mb; a bucket closes once it reaches its limit.")
+
+
+@exercise("data_parallel", "implement")
+def check_buckets(fn) -> Verdict:
+    """fn(sizes, bucket_mb) -> buckets: `sizes` are the gradients' bytes in forward order;
+    return lists of parameter indices in the order backward fills them, grouped as
+    `parallel.data.make_buckets` does (the first bucket closes at FIRST_BUCKET_MB, the
+    others at bucket_mb). Three fixtures give exactly 1, 2 and 3 buckets."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    for want_count, (sizes, bucket_mb) in enumerate(BUCKET_CASES, 1):
+        want = _reference_buckets(sizes, bucket_mb)
+        assert len(want) == want_count, "the fixture no longer gives the bucket count it tests"
+        try:
+            got = [[int(i) for i in b] for b in fn(list(sizes), bucket_mb)]
+        except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+            return wrong(f"fn({sizes}, {bucket_mb}) raised {type(e).__name__}: {e}")
+        if got != want:
+            return wrong(f"fn({sizes}, {bucket_mb}) = {got}, expected {len(want)} bucket"
+                         f"{'s' if len(want) > 1 else ''}." + _bucket_hint(sizes, bucket_mb, got))
+    return right("your buckets match make_buckets for 1, 2 and 3 buckets.")
+
+
+__all__ = [n for n in dir() if n.startswith("check_")] + ["BUCKET_CASES", "PREDICT_ZERO", "ZERO1_ADAMW", "dp_loss_buggy",
                                                           "make_replica_buggy"]
