@@ -52,14 +52,35 @@ def start(tmp_path, repo_root, *flags, steps=100_000):
                              str(steps), "--no-progress", "--log-json", str(log), *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=tmp_path, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while not (log.exists() and log.read_text().count("\n") >= 1):
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.monotonic() < deadline, "no step within 180 s"
-        time.sleep(0.2)
+    wait_for_a_step(proc, log, 180)
     ranks = children(proc.pid)
     assert len(ranks) == 2, ranks
     return proc, ranks, log
+
+
+def start_torchrun(tmp_path, repo_root, *flags, agent_flags=()):
+    """`python -m minipar.torchrun` with 2 workers of `minipar.train --dp 2`, in its own
+    session; returns it and the log path once a step has been logged."""
+    log = tmp_path / "log.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    env.update(PYTHONPATH=str(repo_root), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "minipar.torchrun", "--standalone",
+                             "--nproc-per-node", "2", *agent_flags, "-m", "minipar.train",
+                             "--dp", "2", "--steps", "100000", "--no-progress",
+                             "--log-json", str(log), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path, start_new_session=True)
+    wait_for_a_step(proc, log, 240)
+    return proc, log
+
+
+def wait_for_a_step(proc, log, seconds: float):
+    """Until the run has logged a step (it must not end before)."""
+    deadline = time.monotonic() + seconds
+    while not (log.exists() and log.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no step within {seconds:g} s"
+        time.sleep(0.2)
 
 
 def finish(proc, ranks, status: int) -> str:
@@ -173,20 +194,8 @@ def test_torchrun_agent_sigterm_stops_its_ranks_at_a_step_and_saves(tmp_path, re
     """Under `python -m minipar.torchrun` (torchrun's agent) SIGTERM to the agent reaches
     its workers: they agree on a step, checkpoint there, and exit; the agent ends with rank
     0's one line and 143, not its SignalException traceback; nothing is left."""
-    save, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env.update(PYTHONPATH=str(repo_root), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "minipar.torchrun", "--standalone",
-                             "--nproc-per-node", "2", "-m", "minipar.train", "--dp", "2",
-                             "--steps", "100000", "--no-progress", "--log-json", str(log),
-                             "--save", str(save)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=tmp_path, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not (log.exists() and log.read_text().count("\n") >= 1):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no step within 240 s"
-        time.sleep(0.2)
+    save = tmp_path / "ckpt"
+    proc, log = start_torchrun(tmp_path, repo_root, "--save", str(save))
     workers = [c for c in children(proc.pid)]
     proc.send_signal(signal.SIGTERM)
     try:
@@ -215,20 +224,8 @@ def test_torchrun_a_stopped_rank_is_named_at_once_and_ends_the_job(tmp_path, rep
     """Under torchrun gloo may wait forever on a stopped peer (its connections stay open):
     rank 0's heartbeat watch names rank 1 after a few seconds, and ends the job, naming it,
     once it has been silent for the collective timeout; nothing is left."""
-    log = tmp_path / "log.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env.update(PYTHONPATH=str(repo_root), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "minipar.torchrun", "--standalone",
-                             "--nproc-per-node", "2", "--shutdown-timeout", "5", "-m",
-                             "minipar.train", "--dp", "2", "--steps", "100000", "--no-progress",
-                             "--timeout-s", "10", "--log-json", str(log)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=tmp_path, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not (log.exists() and log.read_text().count("\n") >= 1):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no step within 240 s"
-        time.sleep(0.2)
+    proc, log = start_torchrun(tmp_path, repo_root, "--timeout-s", "10",
+                               agent_flags=("--shutdown-timeout", "5"))
     workers = {rank_of(w): w for w in children(proc.pid)}
     os.kill(workers[1], signal.SIGSTOP)
     try:
