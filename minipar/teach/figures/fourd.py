@@ -59,19 +59,15 @@ def plot_tp_threshold(widths, ratios: dict, overlapped: dict | None = None, budg
     (`ratios[t]`: one value per width; `overlapped[t]` the same with --tp-overlap, dashed).
     Below `budget` TP is cheap; the lines cross it where the width is enough for that t."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, (t, ys) in enumerate(ratios.items()):
+    for t, ys in ratios.items():
         line, = ax.plot(widths, ys, "o-", label=f"TP{t}")
         if overlapped:
             ax.plot(widths, overlapped[t], "--", color=line.get_color(), alpha=0.7)
-    ax.axhline(budget, color="k", lw=0.8, ls=":")
     ax.text(widths[0], budget * 1.15, f"budget {budget:g}", fontsize=8)
-    ax.set(xscale="log", yscale="log", xlabel="model width h", ylabel="exposed TP / matmul time",
-           title="TP: communication over compute falls as 1/h, rises with t" +
-                 (" (dashed: --tp-overlap)" if overlapped else ""))
-    _log_ticks(ax, widths, [str(w) for w in widths])
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    ax.set_yscale("log")
+    return _threshold(fig, ax, widths, budget, "model width h", "exposed TP / matmul time",
+                      "TP: communication over compute falls as 1/h, rises with t"
+                      + (" (dashed: --tp-overlap)" if overlapped else ""))
 
 
 def plot_bubble_threshold(microbatches, bubbles: dict, budget: float = 0.1):
@@ -79,13 +75,8 @@ def plot_bubble_threshold(microbatches, bubbles: dict, budget: float = 0.1):
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for label, ys in bubbles.items():
         ax.plot(microbatches, ys, "o-", label=label)
-    ax.axhline(budget, color="k", lw=0.8, ls=":")
-    ax.set(xscale="log", xlabel="micro-batches per DP rank m", ylabel="bubble fraction",
-           title="PP: the bubble (p-1)/(vm+p-1) needs m >> p/v")
-    _log_ticks(ax, microbatches, [str(m) for m in microbatches])
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _threshold(fig, ax, microbatches, budget, "micro-batches per DP rank m",
+                      "bubble fraction", "PP: the bubble (p-1)/(vm+p-1) needs m >> p/v")
 
 
 def plot_dp_threshold(tokens_per_rank, shares: dict, budget: float = 0.05):
@@ -93,9 +84,17 @@ def plot_dp_threshold(tokens_per_rank, shares: dict, budget: float = 0.05):
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for label, ys in shares.items():
         ax.plot(tokens_per_rank, ys, "o-", label=label)
+    return _threshold(fig, ax, None, budget, "tokens per DP rank per step", "exposed DP / step",
+                      "DP: exposure grows as each rank's share of the batch shrinks")
+
+
+def _threshold(fig, ax, ticks, budget: float, xlabel: str, ylabel: str, title: str):
+    """What every threshold plot shares: the budget line, a log x axis (labelled at `ticks`
+    when given), the legend."""
     ax.axhline(budget, color="k", lw=0.8, ls=":")
-    ax.set(xscale="log", xlabel="tokens per DP rank per step", ylabel="exposed DP / step",
-           title="DP: exposure grows as each rank's share of the batch shrinks")
+    ax.set(xscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    if ticks is not None:
+        _log_ticks(ax, ticks, [str(x) for x in ticks])
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
