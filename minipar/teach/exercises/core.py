@@ -94,16 +94,19 @@ def number(answer, expected: float, what: str, rel: float = 1e-3, hints=()) -> V
     return wrong(f"{what} = {answer} is {side} (by a factor of {ratio:.3g}).")
 
 
-def predicted(prediction, measured: float, what: str, rel: float, why: str) -> Verdict:
-    """A predict-then-run exercise: the reader's prediction against a number minipar just
-    measured. Within `rel` (whose reason `why` states) is right; either way the verdict
-    reports the ratio measured / predicted."""
+def predicted(prediction, measured, what: str, rel: float, why: str) -> Verdict:
+    """A predict-then-run exercise: the reader's prediction against a number minipar
+    measures. `measured` is that number, or a function that runs minipar and returns it:
+    called only once there is a prediction, so an unanswered exercise runs nothing. Within
+    `rel` (whose reason `why` states) is right; either way the verdict reports the ratio
+    measured / predicted."""
     if prediction is None:
         return Verdict(None, NOT_ANSWERED)
     try:
         p = float(prediction)
     except (TypeError, ValueError):
         return wrong(f"{what} should be a number, got {prediction!r}.")
+    measured = measured() if callable(measured) else measured
     ratio = measured / p if p else float("inf")
     report = f"{what}: run / prediction = {measured:.6g} / {p:.6g} = {ratio:.4f}"
     if math.isclose(p, measured, rel_tol=rel, abs_tol=1e-12):

@@ -148,10 +148,7 @@ def check_predict_stage_params(prediction, measured: int | None = None) -> Verdi
     `python -m minipar.train --tp 2 --pp 2` on the tiny model; the check then runs it (or
     takes `measured`, the `memory["params"]` of a run you made) and reports run / prediction.
     Parameters are counted exactly, so exact is right."""
-    if prediction is None:
-        return predicted(None, 0, "", 0, "")
-    got = stage_run_params() if measured is None else measured
-    return predicted(prediction, got, "parameter bytes of the fullest GPU", 1e-9,
+    return predicted(prediction, stage_run_params if measured is None else measured, "parameter bytes of the fullest GPU", 1e-9,
                      "minipar counts the tensors each rank holds exactly")
 
 

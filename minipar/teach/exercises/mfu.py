@@ -96,10 +96,7 @@ def check_predict_dp_bytes(prediction, measured: int | None = None) -> Verdict:
     """Predict the bytes rank 0 sends on the DP axis in one step of the tiny model (fp32)
     under `--dp 2 --zero 1`; the check then runs it (or takes `measured`, from a run you
     made) and reports run / prediction. Bytes are counted exactly, so exact is right."""
-    if prediction is None:
-        return predicted(None, 0, "", 0, "")
-    got = dp_run_bytes() if measured is None else measured
-    return predicted(prediction, got, "DP bytes of rank 0, one step", 1e-9,
+    return predicted(prediction, dp_run_bytes if measured is None else measured, "DP bytes of rank 0, one step", 1e-9,
                      "CommLog counts the ring's bytes exactly")
 
 

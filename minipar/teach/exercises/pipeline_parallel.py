@@ -17,7 +17,7 @@ from ...parallel.pipeline import load_trace
 from ...parallel.schedules import (Action, ScheduleError, check_p2p_plan, make_schedule,
                                    p2p_plan, peak_in_flight, simulate, timeline_from_events)
 from ...train import TrainConfig, train
-from .core import Verdict, compare_calls, exercise, function_given, number, right, wrong
+from .core import NOT_ANSWERED, Verdict, compare_calls, exercise, function_given, number, right, wrong
 
 
 @exercise("pipeline_parallel", "number")
@@ -156,7 +156,7 @@ def check_predict_bubble(prediction, p: int = 2, m: int = 4) -> Verdict:
     measured bubble over the prediction, and what the simulator gives with the measured
     action times (the model fed with the run's own durations)."""
     if prediction is None:
-        return number(None, 0, "")
+        return Verdict(None, NOT_ANSWERED)
     model = simulate(make_schedule("1f1b", p, m)).bubble_fraction
     verdict = number(prediction, model, "the bubble fraction", rel=1e-3)
     tl = measured_pipeline("1f1b", p, m)

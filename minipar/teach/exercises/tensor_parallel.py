@@ -161,9 +161,7 @@ def check_predict_tp_bytes(prediction, tp: int = 4, sp: bool = True) -> Verdict:
     """Predict the bytes one TP rank sends in a step of `tiny` (8 sequences of 32 tokens,
     one micro-batch, float32) with --tp `tp` (and --sp); then minipar runs it and CommLog
     counts them."""
-    if prediction is None:
-        return predicted(None, 0, "", 0, "")
-    return predicted(prediction, measured_tp_bytes(tp, sp), f"TP bytes per rank, --tp {tp}"
+    return predicted(prediction, lambda: measured_tp_bytes(tp, sp), f"TP bytes per rank, --tp {tp}"
                      + (" --sp" if sp else ""), 1e-9,
                      "CommLog counts the ring algorithm's bytes, the formula's own integers")
 
