@@ -19,6 +19,9 @@ from .exposure import fsdp_unit_mb
 from .workload import Workload
 
 RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
+# Every cell of the Playbook's heatmap, with the memory it printed: the cells that are not
+# calibration rows are held out, predicted and never fitted on.
+HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
 
 # The Playbook's models (nanotron's Llama with full multi-head attention and a 131,072-token
 # vocabulary; the two small ones tie their embeddings). Their shapes are those of Llama 3.2
@@ -86,8 +89,23 @@ def _run(row: dict) -> PublishedRun:
                         Workload(seq, batch, mbs, stage_split=split), float(row["mfu"]))
 
 
+def _rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
 def published_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
     """Every row of the calibration file, in its order."""
-    with open(path) as f:
-        lines = [line for line in f if not line.startswith("#")]
-    return [_run(row) for row in csv.DictReader(lines)]
+    return [_run(row) for row in _rows(path)]
+
+
+def heatmap_cells(path: Path = HEATMAP_FILE) -> list[tuple[PublishedRun, float]]:
+    """Every cell of the Playbook's heatmap: the run, and the GB per GPU it printed."""
+    return [(_run(row), float(row["memory_gb"])) for row in _rows(path)]
+
+
+def held_out_runs() -> list[PublishedRun]:
+    """The heatmap's cells that are not calibration rows: the fit never sees them, so how
+    far the model is from them is how far it is from runs it was not fitted on."""
+    fitted = {run.label for run in published_runs()}
+    return [run for run, _ in heatmap_cells() if run.label not in fitted]

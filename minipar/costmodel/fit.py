@@ -9,7 +9,9 @@ that one run the physics cannot explain does not drag every other row away. The 
 Nelder and Mead's simplex (deterministic, from the defaults of `Efficiency`), inside bounds
 that keep each constant physical. Writes `data/constants.json` (`--write`), which the
 package loads, and prints every row's residual, then each row's leave-one-out residual
-(fitted on the other fourteen), the proxy for runs the model has not seen.
+(fitted on the other fourteen), then the held-out cells of the Playbook's heatmap
+(`data/playbook_heatmap.csv` minus the calibration rows): runs of the same code the fit
+never reads, predicted, with how often two of them are ranked in the published order.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .calibration import RUNS_FILE, PublishedRun, published_runs
+from .calibration import RUNS_FILE, PublishedRun, held_out_runs, published_runs
 from .constants import BF16_MIXED, CONSTANTS_FILE, FITTED, Efficiency
 from .time import _estimate
 
@@ -119,6 +121,28 @@ def loo_report(runs: list[PublishedRun], held: list[float]) -> str:
     return "\n".join(lines)
 
 
+def pairs_in_order(published: list[float], predicted: list[float]) -> float:
+    """Fraction of the pairs of runs that the prediction ranks as the publication does
+    (ties in either count as agreement): does the model order layouts right?"""
+    pairs = [(i, j) for i in range(len(published)) for j in range(i + 1, len(published))]
+    agree = sum((published[i] - published[j]) * (predicted[i] - predicted[j]) >= 0
+                for i, j in pairs)
+    return agree / len(pairs)
+
+
+def held_out_report(runs: list[PublishedRun], eff: Efficiency) -> str:
+    """The held-out cells: published, predicted, error; the mean and worst error, and the
+    share of pairs in the published order."""
+    res = residuals(runs, eff)
+    lines = ["held out (the heatmap's other cells; never fitted on):"]
+    lines += [f"  {run.label:52s} {100 * run.mfu:5.1f} {100 * run.mfu + r:5.1f} {r:+6.1f}"
+              for run, r in zip(runs, res)]
+    order = pairs_in_order([r.mfu for r in runs], [r.mfu + d / 100 for r, d in zip(runs, res)])
+    lines.append(f"held out: mean |error| {sum(map(abs, res)) / len(res):.1f}, worst "
+                 f"{max(map(abs, res)):.1f}; {100 * order:.0f}% of pairs in the published order")
+    return "\n".join(lines)
+
+
 def write(eff: Efficiency, path: Path = CONSTANTS_FILE,
           held: list[float] | None = None) -> None:
     """The constants, and (for the book) each row's residual and leave-one-out residual."""
@@ -128,6 +152,8 @@ def write(eff: Efficiency, path: Path = CONSTANTS_FILE,
             "residuals": {run.label: round(r, 2) for run, r in zip(runs, residuals(runs, eff))}}
     if held is not None:
         data["leave_one_out"] = {run.label: round(r, 2) for run, r in zip(runs, held)}
+    out = held_out_runs()
+    data["held_out"] = {run.label: round(r, 2) for run, r in zip(out, residuals(out, eff))}
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -143,6 +169,7 @@ def main(argv=None) -> int:
     held = None if args.no_loo else leave_one_out(runs)
     if held is not None:
         print(loo_report(runs, held))
+    print(held_out_report(held_out_runs(), eff))
     if args.write:
         write(eff, held=held)
         print(f"wrote {CONSTANTS_FILE}")

@@ -186,10 +186,18 @@ def on_ranks(world: int, worker, fn, success: str, timeout_s: float = 60.0) -> V
     problem = function_given(fn)
     if problem is not None:
         return problem
-    try:
-        problems = run_local(_quiet, world, worker, fn, backend="gloo", timeout_s=timeout_s)
-    except RankFailed as e:
-        return wrong(f"your code raised on rank {e.rank}: {str(e).strip().splitlines()[0]}")
+    for attempt in (1, 2):
+        try:
+            problems = run_local(_quiet, world, worker, fn, backend="gloo", timeout_s=timeout_s)
+            break
+        except RankFailed as e:
+            first = str(e).strip().splitlines()[0]
+            if "failed: " in first:       # an exception, most likely in the reader's code
+                return wrong(f"your code raised on rank {e.rank}: {first}")
+            if attempt == 2:
+                return wrong(f"rank {e.rank} did not finish, twice: {first}")
+            # A rank that died or stopped beating without raising: on a loaded machine a
+            # forked rank can stall; one fresh start tells that apart from a real hang.
     problems = [p for p in problems if p]
     if problems:
         return wrong(problems[0])

@@ -1,5 +1,5 @@
-"""Figures of the 4D chapter: which ranks share a group along each axis, and the threshold
-plots of choosing a layout.
+"""Figures of the 4D chapter: which ranks share a group along each axis, the threshold
+plots of choosing a layout, and the cost model against the published runs.
 
 The rank grid: one panel per axis over the same arrangement of ranks, a colour per group,
 read from the grid's own `coords` and `all_groups`. The thresholds: one rule each, drawn
@@ -7,11 +7,15 @@ from the numbers of `minipar.costmodel.rules` and the planner: nothing recompute
 """
 from __future__ import annotations
 
+import json
+
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
 from ...costmodel import LLAMA3_CLUSTER, rules
+from ...costmodel.calibration import held_out_runs, published_runs
+from ...costmodel.constants import CONSTANTS_FILE
 from ...formulas import bubble_fraction
 from ...grid import AXES, ProcessGrid
 from ..style import AXIS_NAMES, COLORS
@@ -205,3 +209,33 @@ def bubble_rule(ms=(4, 8, 16, 32, 64, 128), layouts=((4, 1), (16, 1), (16, 8))):
     return plot_bubble_threshold(list(ms), {
         f"p={p} v={v}": [bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v) for m in ms]
         for p, v in layouts})
+
+
+# ------------------------------------------------------------ the fit, and what it never saw
+def plot_fit(published: list[float], predicted: list[float], held_published: list[float],
+             held_predicted: list[float], band: float = 3.0):
+    """Predicted against published MFU (%): the calibration rows the constants were fitted
+    on (filled), the held-out runs they never saw (open), and the +-`band` points target."""
+    fig, ax = plt.subplots(figsize=(5.2, 5))
+    top = 5 * (max(published + predicted + held_published + held_predicted) // 5 + 1)
+    ax.fill_between([0, top], [-band, top - band], [band, top + band], color="0.9",
+                    label=f"within {band:g} points")
+    ax.plot([0, top], [0, top], color="0.5", lw=0.8)
+    ax.scatter(published, predicted, color=COLORS["dp"], label="calibration (fitted on)", zorder=3)
+    ax.scatter(held_published, held_predicted, facecolors="none", edgecolors=COLORS["tp"],
+               label="held out (never fitted on)", zorder=3)
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="published MFU (%)", ylabel="predicted MFU (%)",
+           title="the cost model against published runs", aspect="equal")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def fit_rule():
+    """`plot_fit` from what `python -m minipar.costmodel.fit --write` recorded: each row's
+    residual, and each held-out cell's error, over the published MFU."""
+    data = json.loads(CONSTANTS_FILE.read_text())
+    pub = [100 * r.mfu for r in published_runs()]
+    held = [100 * r.mfu for r in held_out_runs()]
+    return plot_fit(pub, [p + d for p, d in zip(pub, data["residuals"].values())],
+                    held, [p + d for p, d in zip(held, data["held_out"].values())])

@@ -16,7 +16,8 @@ from ... import costmodel as cm
 from ...config import ModelConfig
 from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
-from ...costmodel.fit import KNEE
+from ...costmodel.calibration import heatmap_cells, held_out_runs
+from ...costmodel.fit import KNEE, pairs_in_order, residuals
 from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, plan
 from ...formulas import param_count
 from ..exercises.fourd import check_plan
@@ -24,12 +25,13 @@ from .core import Number, derived
 
 _FIT = "python -m minipar.costmodel.fit --write (costmodel/data/constants.json)"
 _RULES = "costmodel.rules on Llama 3's cluster"
+_HELD = "fit.residuals of calibration.held_out_runs() with the fitted constants"
 _PLAN = "costmodel.planner.plan"
 L405 = "llama3-405b"
 
 
 def numbers() -> dict[str, Number]:
-    return {**_fit(), **_rule1(), **_rules(), **_plans(), **_exercise()}
+    return {**_fit(), **_held_out(), **_rule1(), **_rules(), **_plans(), **_exercise()}
 
 
 def _fit() -> dict[str, Number]:
@@ -60,6 +62,35 @@ def _fit() -> dict[str, Number]:
         out[f"pub_{i}"] = Number(100 * run.mfu, "{:.1f}", source="published_runs.csv")
         out[f"res_{i}"] = Number(r, "{:+.1f}", source=_FIT)
         out[f"loo_{i}"] = Number(held, "{:+.1f}", source=_FIT)
+    return out
+
+
+def _held_out() -> dict[str, Number]:
+    """The heatmap's cells the fit never reads: how far off, and in what order; the two
+    worst; and the memory the 80B on 32 GPUs printed beside a cell that ran well."""
+    held = held_out_runs()
+    err = residuals(held, cm.LLAMA3_EFFICIENCY)      # 14 estimates: as the notebook prints them
+    order = pairs_in_order([r.mfu for r in held], [r.mfu + e / 100 for r, e in zip(held, err)])
+    worst = sorted(range(len(held)), key=lambda i: -abs(err[i]))[:2]
+    src = "playbook_heatmap.csv (nanotron's docs/benchmark_summary.svg)"
+    out = {"n_held": Number(len(held), source=src),
+           "n_cells": Number(len(heatmap_cells()), source=src),
+           "held_mean": Number(sum(map(abs, err)) / len(err), "{:.1f}", source=_HELD),
+           "held_worst": Number(max(map(abs, err)), "{:.1f}", source=_HELD),
+           "held_order": Number(order, "{:.0%}", source=_HELD + ", fit.pairs_in_order")}
+    for k, i in enumerate(worst, 1):
+        pc = held[i].parallel
+        out[f"held_bad_{k}"] = Number(f"{held[i].model.name} on {pc.world_size} GPUs, "
+                                      f"TP{pc.tp} DP{pc.dp}", "{}", source=src)
+        out[f"held_bad_{k}_err"] = Number(err[i], "{:+.1f}", source=_HELD)
+    printed = {(r.model.name, r.parallel.world_size): gb for r, gb in heatmap_cells()}
+    top = max(printed, key=printed.get)
+    out.update({"mem_80b_32": Number(printed[("80B", 32)], "{:.1f} GB", source=src),
+                "mem_top": Number(printed[top], "{:.1f} GB", source=src),
+                "mem_top_run": Number(f"{top[0]} on {top[1]} GPUs", "{}", source=src),
+                "mem_top_mfu": Number(next(100 * r.mfu for r, _ in heatmap_cells() if
+                                           (r.model.name, r.parallel.world_size) == top),
+                                      "{:.1f}", source=src)})
     return out
 
 
