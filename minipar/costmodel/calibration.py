@@ -4,7 +4,9 @@ Chapter "Four dimensions at once". `data/published_runs.csv` is a copy of the pr
 `calibration/published_runs.csv` (sources in its header: Llama 3's Table 4 and the
 Ultra-Scale Playbook's best configuration per model size and node count). Each row becomes
 the four things `estimate` takes: a model, a layout, a cluster and a batch. Other published
-tables are held back to test the model: nothing else may be fitted on.
+tables are held back to test the model: nothing else may be fitted on. The Playbook's
+heatmap has more cells than the calibration file holds (`data/playbook_heatmap.csv`, every
+cell with the memory it printed): the others are the held-out runs `fit` reports on.
 """
 from __future__ import annotations
 
