@@ -36,6 +36,10 @@ HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
 # layers cut into stages by its cost rule (`workload.nanotron_split`), gradients all-reduced
 # in 25 MB DDP buckets (ZeRO-0) or reduce-scattered and gathered (ZeRO-1), TP with sequence
 # parallelism and no overlap modelled (its async all-gather is a known uncertainty).
+# The FLOP convention, checked: nanotron's MFU (`get_flops` in its models/llama.py) counts
+# every weight matmul 3 x 2 FLOPs, the full s x s square of attention's two matmuls and the
+# head, not the embedding lookup: PaLM's 6 N + 12 L h s, `minipar.flops`' convention, so its
+# MFU is compared as printed. Llama 3's paper does not spell out its count.
 PLAYBOOK_MODELS = {
     "1.34B": ModelConfig(n_layers=16, dim=2048, n_heads=32, n_kv_heads=32, ffn_dim=8192,
                          vocab_size=131072, max_seq_len=4096, tie_embeddings=True, name="1.34B"),
