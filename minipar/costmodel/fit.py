@@ -30,9 +30,14 @@ BOUNDS = {"dense": (0.3, 1.0), "attention": (0.1, 1.0), "network": (0.2, 1.0),
 KNEE = 3.0          # MFU points: Huber's knee
 
 
+def estimate_run(run: PublishedRun, eff: Efficiency):
+    """The model's `Estimate` of one published run, with the constants `eff`."""
+    return _estimate(run.model, run.parallel, run.cluster, run.work, BF16_MIXED, eff)
+
+
 def predict(run: PublishedRun, eff: Efficiency) -> float:
     """The model's MFU for one published run."""
-    return _estimate(run.model, run.parallel, run.cluster, run.work, BF16_MIXED, eff).mfu
+    return estimate_run(run, eff).mfu
 
 
 def residuals(runs: list[PublishedRun], eff: Efficiency) -> list[float]:

@@ -17,7 +17,7 @@ from ...config import ModelConfig
 from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
 from ...costmodel.calibration import heatmap_cells, held_out_runs
-from ...costmodel.fit import KNEE, pairs_in_order, residuals
+from ...costmodel.fit import KNEE, estimate_run, pairs_in_order, residuals
 from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, plan
 from ...formulas import param_count
 from ..exercises.fourd import check_plan
@@ -48,6 +48,7 @@ def _fit() -> dict[str, Number]:
            "loo_mean": Number(sum(map(abs, loo)) / len(loo), "{:.1f}", source=_FIT),
            "loo_worst": Number(max(map(abs, loo)), "{:.1f}", source=_FIT)}
     runs = cm.published_runs()
+    out.update(_step_gap(runs[3]))
     for i, (run, r, held) in enumerate(zip(runs, res, loo), 1):
         pc = run.parallel
         layout = " ".join(f"{a.upper()}{getattr(pc, a)}" for a in ("tp", "cp", "pp", "dp")
@@ -63,6 +64,14 @@ def _fit() -> dict[str, Number]:
         out[f"res_{i}"] = Number(r, "{:+.1f}", source=_FIT)
         out[f"loo_{i}"] = Number(held, "{:+.1f}", source=_FIT)
     return out
+
+
+def _step_gap(run) -> dict[str, Number]:
+    """The published step of a run (its MFU read back into seconds) against the model's."""
+    e = estimate_run(run, cm.LLAMA3_EFFICIENCY)
+    published = e.step_time_s * e.mfu / run.mfu
+    return {"gap_4_pub_s": Number(published, "{:.2f} s", source="published MFU, as a step time"),
+            "gap_4_model_s": Number(e.step_time_s, "{:.2f} s", source="costmodel estimate")}
 
 
 def _held_out() -> dict[str, Number]:
