@@ -293,7 +293,8 @@ def finish_profile(cfg: TrainConfig, run: Trainer) -> dict | None:
     step 0 warms up)."""
     if not cfg.profile:
         return None
-    meta = {"layout": run.pcfg.as_dict(), "model": cfg.model, "seq_len": cfg.seq_len,
+    model = f"--init-hf {cfg.init_hf}" if cfg.init_hf else cfg.model     # what really ran
+    meta = {"layout": run.pcfg.as_dict(), "model": model, "seq_len": cfg.seq_len,
             "global_batch": cfg.global_batch, "steps": cfg.steps,
             "backend": dist.get_backend(), "device": run.device.type, "torch": torch.__version__}
     trace = profile.finish(cfg.profile, run.grid.coords(run.grid.rank), meta)

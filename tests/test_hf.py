@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from hf_llama import CORPUS, make_hf_llama
 from helpers import assert_same_losses, losses, run_layout
-from minipar import export, hf
+from minipar import export, hf, profile
 from minipar.config import ConfigError, ModelConfig
 from minipar.data import TokenizedText, make_source
 from minipar.model import Transformer, hf_name
@@ -88,8 +88,11 @@ def test_export_round_trip_same_logits(hf_dir, tmp_path):
     """Train in a layout, export at the end (--export-hf) and from the checkpoint
     (python -m minipar.export): transformers reads both with minipar's logits."""
     out, ckpt, out2 = tmp_path / "out", tmp_path / "ckpt", tmp_path / "out2"
-    run_layout(steps=2, init_hf=str(hf_dir), export_hf=str(out), save=str(ckpt), tp=2, pp=2, **RUN)
+    run_layout(steps=2, init_hf=str(hf_dir), export_hf=str(out), save=str(ckpt), tp=2, pp=2,
+               profile=str(tmp_path / "prof"), **RUN)
     assert (out / "tokenizer.json").is_file()
+    trace = json.loads(profile.trace_path(str(tmp_path / "prof")).read_text())
+    assert trace["otherData"]["minipar"]["model"] == f"--init-hf {hf_dir}"   # not the preset
     mcfg, state, _ = export.checkpoint_state(str(ckpt))
     ours = Transformer(mcfg, seed=None).eval()
     ours.load_hf_state_dict({hf_name(k): v for k, v in state.items()})
