@@ -521,7 +521,7 @@ def test_tp_overlap_hides_tp_time_and_never_costs():
 UNEXPLAINED = {
     "1.34B 512 GPUs TP2 CP1 PP2 DP128 seq 4096": 6.0,   # 0.38 s published steps, 0.19 s modelled
     "1.34B 8 GPUs TP1 CP1 PP2 DP4 seq 4096": 5.0,       # nanotron's 11/5 layer split
-    "80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096": 25.0,       # 2.4x slower; its memory (66 GB) is not it
+    "80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096": 25.0,       # 2.4x slower: "near the memory limits"
     "80B 64 GPUs TP4 CP1 PP16 DP1 seq 4096": 7.0,
 }
 

@@ -47,8 +47,14 @@ def test_predict_dp_bytes_runs_on_gloo_and_rejects_the_usual_mistakes():
 
 
 def test_plan():
-    assert ex.check_plan({"tp": 2, "cp": 2, "pp": 16})
+    assert ex.check_plan({"tp": 2, "cp": 2, "pp": 2})
     assert ex.check_plan({"tp": 8, "cp": 1, "pp": 4}).ok is False          # TP8 on width 8,192
-    assert ex.check_plan({"tp": 2, "cp": 1, "pp": 1}).ok is False          # does not fit
-    assert ex.check_plan({"tp": 3, "cp": 1, "pp": 1}).ok is False          # cannot run
+    assert ex.check_plan({"tp": 2, "cp": 2, "pp": 16}).ok is False         # the bubble of 16 stages
+    v = ex.check_plan({"tp": 8, "cp": 1, "pp": 1}, model="llama3-405b", gpus=64)
+    assert v.ok is False and "does not fit" in v.message                    # rule 1
+    v = ex.check_plan({"tp": 2, "cp": 16, "pp": 1})                         # 512 tokens per CP rank
+    assert v.ok is False and "outside the planner's space" in v.message
+    assert "cannot run" in ex.check_plan({"tp": 16, "cp": 1, "pp": 1}).message   # 8 KV heads
+    assert "does not divide" in ex.check_plan({"tp": 3, "cp": 1, "pp": 1}).message
+    assert ex.check_plan({"tp": 2}).ok is False                             # malformed
     assert ex.check_plan(None).ok is None

@@ -2,8 +2,10 @@
 when nothing fits. Three cases, each a full search (seconds)."""
 from __future__ import annotations
 
+import pytest
+
 from minipar import costmodel as cm
-from minipar.config import ModelConfig
+from minipar.config import ConfigError, ModelConfig
 from minipar.costmodel.planner import binding_constraint, layouts, limiting_term, plan
 
 L405 = ModelConfig.preset("llama3-405b")
@@ -40,8 +42,25 @@ def test_nothing_fits_names_memory_as_the_binding_constraint():
     p = plan(L405, cm.LLAMA3_CLUSTER, 64, 8192, 4 * 2**20)
     assert p.ranked == [] and p.rejected.get("memory")
     line = binding_constraint(p, cm.LLAMA3_CLUSTER)
-    assert line.startswith("memory") and f"{cm.LLAMA3_CLUSTER.hbm_gb:g} GB" in line
+    assert line.startswith("memory") and f"{cm.LLAMA3_CLUSTER.hbm_gb:g} GB of HBM" in line
     assert p.smallest_memory_gb > cm.LLAMA3_CLUSTER.hbm_gb
+
+
+def test_plans_leave_the_headroom_free():
+    """Every planned layout fits in the HBM less the headroom; without the headroom the
+    best layouts fill the HBM to its edge, which is what the margin is for."""
+    from minipar.costmodel.planner import MEMORY_HEADROOM, memory_budget_gb
+    c = cm.LLAMA3_CLUSTER
+    budget = memory_budget_gb(c)
+    assert budget == pytest.approx((1 - MEMORY_HEADROOM) * c.hbm_gb) and 0 < MEMORY_HEADROOM < 0.5
+    kept = plan(L405, c, 8192, 8192, 16 * 2**20, top=None)
+    assert kept.ranked and kept.budget_gb == budget
+    assert all(e.memory_gb_per_gpu <= budget for e in kept.ranked)
+    edge = plan(L405, c, 8192, 8192, 16 * 2**20, top=None, headroom=0.0)
+    assert edge.ranked[0].mfu > kept.ranked[0].mfu       # the margin costs time, it is a choice
+    assert budget < edge.ranked[0].memory_gb_per_gpu <= c.hbm_gb     # the unhedged best is at the edge
+    with pytest.raises(ConfigError, match="--memory-headroom"):
+        plan(L405, c, 8192, 8192, 16 * 2**20, headroom=1.0)
 
 
 def test_plan_cli(capsys):
@@ -52,6 +71,10 @@ def test_plan_cli(capsys):
     code = cm.main(["plan", "--model", "llama3-405b", "--gpus", "64"])
     out, _ = capsys.readouterr()
     assert code == 0 and "nothing fits" in out and "memory" in out
+    code = cm.main(["plan", "--model", "llama3-8b", "--gpus", "64", "--memory-headroom", "0.2",
+                    "--top", "1"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "20% of HBM left free" in out
 
 
 def test_rules_cross_their_thresholds_the_way_the_chapter_says():

@@ -17,7 +17,8 @@ from .constants import LLAMA3_EFFICIENCY, PRECISIONS, RECOMPUTE
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
-from .planner import REMEDIES, binding_constraint, describe, limiting_term, plan
+from .planner import (MEMORY_HEADROOM, REMEDIES, binding_constraint, describe,
+                      limiting_term, plan)
 from .time import Estimate, estimate
 from .workload import Workload, make_workload
 
@@ -202,6 +203,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch-tokens", type=_tokens, default=4 * 2**20,
                    help="tokens per step, e.g. 4M or 4194304 (default 4M)")
     p.add_argument("--tp-overlap", action="store_true", help="let TP use collective matmul")
+    p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
+                   help="share of HBM a plan leaves free for what the memory model does not "
+                        f"count (default {MEMORY_HEADROOM:g})")
     p.add_argument("--top", type=int, default=5)
     return p
 
@@ -244,12 +248,13 @@ def plan_main(argv) -> int:
         if bad:
             raise ConfigError("; ".join(bad))
         p = plan(model, cluster, args.gpus, args.seq_len, args.global_batch_tokens,
-                 top=args.top, tp_overlap=args.tp_overlap)
+                 top=args.top, tp_overlap=args.tp_overlap, headroom=args.memory_headroom)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{model.name} on {args.gpus} x {cluster.name}, sequences of {args.seq_len}, "
-          f"{args.global_batch_tokens:,} tokens per step")
+          f"{args.global_batch_tokens:,} tokens per step, at most {p.budget_gb:.1f} GB per GPU "
+          f"({100 * args.memory_headroom:g}% of HBM left free)")
     print(format_plan(p, cluster))
     return 0
 

@@ -6,8 +6,11 @@ interleaved with 2, 4 or 8 chunks; micro-batches of 1, 2 or 4 sequences; gradien
 one layer at a time (`exposure.fsdp_unit_mb`, as FSDP does). Two knobs are not
 searched but *chosen*, because they only ever cost time: the least activation recomputation
 (none, selective, full) and the lowest ZeRO stage (1, then 3) that make the layout fit in
-memory. For each of the best layouts `limiting_term` names the largest loss and what the
-step would be without it; when nothing fits, `binding_constraint` says which rule binds.
+memory. "Fits" keeps `MEMORY_HEADROOM` of HBM free: the memory model counts tensors, not
+the CUDA context, NCCL's buffers or the allocator's fragmentation, and a run near the limit
+is slow where it does not fail. For each of the best layouts `limiting_term` names the
+largest loss and what the step would be without it; when nothing fits,
+`binding_constraint` says which rule binds.
 """
 from __future__ import annotations
 
@@ -24,6 +27,12 @@ from .time import Estimate, estimate
 from .workload import Workload, layout_problems
 
 MIN_TOKENS_PER_CP_RANK = 1024
+# An assumption, not fitted: the share of HBM a plan leaves free. What the memory model does
+# not count (CUDA context and cuBLAS workspaces, NCCL's buffers per communicator, the caching
+# allocator's fragmentation) takes GBs; nanotron printed more than the model counts in every
+# cell of the Playbook's heatmap, and its authors name the 80B on 4 nodes as a run that fits
+# but is slow "due to operating near the GPU memory limits".
+MEMORY_HEADROOM = 0.10
 RECOMPUTE_ORDER = ("none", "selective", "full")
 ZERO_ORDER = (1, 3)
 # What each limiting term is called, and the knob that shrinks it.
@@ -46,6 +55,7 @@ class Plan:
     tried: int
     rejected: dict[str, int] = field(default_factory=dict)
     smallest_memory_gb: float | None = None
+    budget_gb: float | None = None           # the HBM less the headroom
 
 
 def _powers(limit: int) -> list[int]:
@@ -80,31 +90,41 @@ def layouts(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int,
                                      virtual_stages=v, microbatches=m, cp_impl="allgather"), mbs
 
 
-def fit_memory(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, seq_len: int,
+def memory_budget_gb(cluster: Cluster, headroom: float = MEMORY_HEADROOM) -> float:
+    """GB per GPU a plan may fill: the HBM less the headroom."""
+    return (1.0 - headroom) * cluster.hbm_gb
+
+
+def fit_memory(model: ModelConfig, pc: ParallelConfig, budget_gb: float, seq_len: int,
                global_batch: int, mbs: int, precision: Precision):
-    """The cheapest (ZeRO stage, recompute) under which the layout fits, or (None, the GB
-    of the leanest: ZeRO-3 with full recomputation, tried first so a hopeless layout costs
-    one evaluation)."""
+    """The cheapest (ZeRO stage, recompute) under which the layout fits in `budget_gb`, or
+    (None, the GB of the leanest: ZeRO-3 with full recomputation, tried first so a hopeless
+    layout costs one evaluation)."""
     def gb(zero, rc):
         work = Workload(seq_len, global_batch, mbs, rc)
         trial = pc.replace(zero=zero, recompute=rc)
         return memory_per_gpu(model, trial, work, precision)["total"] / 1e9, trial, work
     leanest = gb(ZERO_ORDER[-1], RECOMPUTE_ORDER[-1])
-    if leanest[0] > cluster.hbm_gb:
+    if leanest[0] > budget_gb:
         return None, leanest[0]
     for zero, rc in itertools.product(ZERO_ORDER, RECOMPUTE_ORDER):
         need, trial, work = gb(zero, rc)
-        if need <= cluster.hbm_gb:
+        if need <= budget_gb:
             return trial, work
     return leanest[1], leanest[2]
 
 
 def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
          global_batch_tokens: int = 4 * 2**20, top: int = 5, tp_overlap: bool = False,
-         precision: Precision = BF16_MIXED, efficiency: Efficiency = LLAMA3_EFFICIENCY) -> Plan:
-    """Rank every valid, fitting layout of `model` on `gpus` GPUs of `cluster` by MFU."""
+         precision: Precision = BF16_MIXED, efficiency: Efficiency = LLAMA3_EFFICIENCY,
+         headroom: float = MEMORY_HEADROOM) -> Plan:
+    """Rank every valid layout of `model` on `gpus` GPUs of `cluster` that fits in the HBM
+    less `headroom` (a fraction), by MFU."""
     if global_batch_tokens % seq_len:
         raise ConfigError(f"--global-batch-tokens {global_batch_tokens} is not a multiple of --seq-len {seq_len}")
+    if not 0 <= headroom < 1:
+        raise ConfigError(f"--memory-headroom {headroom} must be a fraction in [0, 1)")
+    budget = memory_budget_gb(cluster, headroom)
     batch = global_batch_tokens // seq_len
     found, tried, rejected, least = [], 0, {}, None
     for pc, mbs in layouts(model, cluster, gpus, seq_len, batch, tp_overlap=tp_overlap):
@@ -112,7 +132,7 @@ def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
         if layout_problems(model, pc, Workload(seq_len, batch, mbs)):
             rejected["rules"] = rejected.get("rules", 0) + 1
             continue
-        fitted, work = fit_memory(model, pc, cluster, seq_len, batch, mbs, precision)
+        fitted, work = fit_memory(model, pc, budget, seq_len, batch, mbs, precision)
         if fitted is None:
             rejected["memory"] = rejected.get("memory", 0) + 1
             least = work if least is None else min(least, work)
@@ -121,7 +141,7 @@ def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
                               microbatch_size=mbs, recompute=work.recompute,
                               precision=precision, efficiency=efficiency))
     found.sort(key=lambda e: -e.mfu)
-    return Plan(found if top is None else found[:top], tried, rejected, least)
+    return Plan(found if top is None else found[:top], tried, rejected, least, budget)
 
 
 def losses(e: Estimate) -> dict[str, float]:
@@ -153,9 +173,11 @@ def binding_constraint(p: Plan, cluster: Cluster) -> str:
         return ("no layout divides the GPUs and the batch: --gpus and --global-batch-tokens / "
                 "--seq-len must share powers of two")
     if p.rejected.get("memory"):
+        budget = cluster.hbm_gb if p.budget_gb is None else p.budget_gb
         return (f"memory: the leanest layout (full recomputation, ZeRO-3) still needs "
-                f"{p.smallest_memory_gb:.0f} GB per GPU, over the {cluster.hbm_gb:g} GB of HBM: "
-                f"more GPUs, a GPU with more memory, or shorter sequences")
+                f"{p.smallest_memory_gb:.0f} GB per GPU, over the {budget:.0f} GB a plan may fill "
+                f"({cluster.hbm_gb:g} GB of HBM less the headroom): more GPUs, a GPU with "
+                f"more memory, or shorter sequences")
     return "every layout breaks a rule of the model (heads, layers) or the batch: see --tp/--pp limits"
 
 

@@ -7,9 +7,11 @@ then checked against the planner (predict).
 """
 from __future__ import annotations
 
+from functools import cache
+
 from ...config import ConfigError, ModelConfig, ParallelConfig
 from ...costmodel import estimate, gpu_cluster, plan
-from ...costmodel.planner import describe
+from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, memory_budget_gb
 from ...formulas import local_param_count, param_count
 from ...grid import AXES, ProcessGrid
 from ...train import TrainConfig, train
@@ -124,23 +126,22 @@ def check_predict_dp_shard_bytes(prediction, tp: int = 2, dp: int = 2) -> Verdic
 def check_plan(layout, model: str = "llama3-70b", gpu: str = "h100", gpus: int = 256,
                seq_len: int = 8192, batch_tokens: int = 2 * 2**20, points: float = 2.0) -> Verdict:
     """layout: {"tp", "cp", "pp"} planned by hand with the chapter's rules (DP takes the
-    rest; interleaved with as many chunks as the planner allows, micro-batch 1, ZeRO-1,
-    the least recomputation that fits). Right when it fits and its predicted MFU is within
-    `points` of the planner's best; the verdict reports yours / the planner's."""
+    rest). The planner completes it as it completes its own (schedule and chunks,
+    micro-batch, the lowest ZeRO stage and least recomputation that fit in the HBM less
+    the headroom); right when it fits and its predicted MFU is within `points` of the
+    planner's best. The verdict reports yours / the planner's."""
     if layout is None:
         return Verdict(None, NOT_ANSWERED)
-    m, cluster = ModelConfig.preset(model), gpu_cluster(gpu)
     try:
         tp, cp, pp = (int(layout[k]) for k in ("tp", "cp", "pp"))
-        mine = _estimate_plan(m, cluster, gpus, tp, cp, pp, seq_len, batch_tokens)
     except (TypeError, KeyError, ValueError) as e:
         return wrong(f"answer with a dict with keys 'tp', 'cp', 'pp' ({e}).")
-    except ConfigError as e:
-        return wrong(f"that layout cannot run: {e}")
+    ranked = _planned(model, gpu, gpus, seq_len, batch_tokens)
+    mine = next((e for e in ranked if (e.parallel.tp, e.parallel.cp, e.parallel.pp) == (tp, cp, pp)), None)
     if mine is None:
-        return wrong(f"TP{tp} CP{cp} PP{pp} does not fit in {cluster.hbm_gb:.0f} GB even with full "
-                     "recomputation: rule 1 comes first.")
-    best = plan(m, cluster, gpus, seq_len, batch_tokens, top=1).ranked[0]
+        return wrong(_why_not_planned(ModelConfig.preset(model), gpu_cluster(gpu), gpus, tp, cp, pp,
+                                      seq_len, batch_tokens))
+    best = ranked[0]
     report = (f"yours {describe(mine)}: {100 * mine.mfu:.1f}% vs the planner's {describe(best)}: "
               f"{100 * best.mfu:.1f}% (ratio {mine.mfu / best.mfu:.2f})")
     if 100 * (best.mfu - mine.mfu) <= points:
@@ -148,23 +149,27 @@ def check_plan(layout, model: str = "llama3-70b", gpu: str = "h100", gpus: int =
     return wrong(report + f": more than {points:g} points short. Which term limits yours?")
 
 
-def _estimate_plan(m, cluster, gpus, tp, cp, pp, seq_len, batch_tokens):
-    """The estimate of a hand-planned layout, with the least recomputation that fits
-    (None if none does)."""
-    if gpus % (tp * cp * pp):
-        raise ConfigError(f"TP x CP x PP = {tp * cp * pp} does not divide {gpus} GPUs")
-    dp = gpus // (tp * cp * pp)
-    micro = batch_tokens // seq_len // dp
-    v = max([c for c in (2, 4, 8) if pp > 1 and pp * c <= m.n_layers + 2 and micro % pp == 0]
-            or [1])     # the planner's rule: as many chunks as the layers and micro-batches allow
-    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1, zero=1,
-                        schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+@cache
+def _planned(model: str, gpu: str, gpus: int, seq_len: int, batch_tokens: int) -> list:
+    return plan(ModelConfig.preset(model), gpu_cluster(gpu), gpus, seq_len, batch_tokens, top=None).ranked
+
+
+def _why_not_planned(m, cluster, gpus, tp, cp, pp, seq_len, batch_tokens) -> str:
+    """A layout the planner did not keep: it cannot run, or it does not fit."""
+    if tp * cp * pp <= 0 or gpus % (tp * cp * pp):
+        return f"TP x CP x PP = {tp * cp * pp} does not divide {gpus} GPUs."
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=gpus // (tp * cp * pp), sp=tp > 1, zero=3,
                         cp_impl="allgather")
-    for recompute in ("none", "selective", "full"):
-        e = estimate(m, pc, cluster, seq_len, global_batch_tokens=batch_tokens, recompute=recompute)
-        if e.fits_memory:
-            return e
-    return None
+    try:
+        e = estimate(m, pc, cluster, seq_len, global_batch_tokens=batch_tokens, recompute="full")
+    except ConfigError as err:
+        return f"that layout cannot run: {err}"
+    if e.memory_gb_per_gpu <= memory_budget_gb(cluster):
+        return (f"TP{tp} CP{cp} PP{pp} is outside the planner's space: TP within one server, CP "
+                f"only while each rank keeps >= {MIN_TOKENS_PER_CP_RANK:,} tokens, powers of two.")
+    return (f"TP{tp} CP{cp} PP{pp} does not fit in {memory_budget_gb(cluster):.0f} GB (the HBM "
+            f"less the planner's headroom) even with ZeRO-3 and full recomputation "
+            f"({e.memory_gb_per_gpu:.0f} GB): rule 1 comes first.")
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_coords", "measured_dp_bytes"]

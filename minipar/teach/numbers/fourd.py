@@ -18,10 +18,11 @@ from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
 from ...costmodel.calibration import heatmap_cells, held_out_runs
 from ...costmodel.fit import KNEE, estimate_run, pairs_in_order, residuals
-from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, plan
+from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
+                                  memory_budget_gb, plan)
 from ...formulas import param_count
 from ..exercises.fourd import check_plan
-from .core import Number, derived
+from .core import Number, assumed, derived
 
 _FIT = "python -m minipar.costmodel.fit --write (costmodel/data/constants.json)"
 _RULES = "costmodel.rules on Llama 3's cluster"
@@ -31,7 +32,8 @@ L405 = "llama3-405b"
 
 
 def numbers() -> dict[str, Number]:
-    return {**_fit(), **_held_out(), **_rule1(), **_rules(), **_plans(), **_exercise()}
+    return {**_fit(), **_held_out(), **_rule1(), **_headroom(), **_rules(), **_plans(),
+            **_exercise()}
 
 
 def _fit() -> dict[str, Number]:
@@ -135,8 +137,20 @@ def _rules() -> dict[str, Number]:
 
 
 @cache
-def _plan405(gpus: int):
-    return plan(ModelConfig.preset(L405), cm.LLAMA3_CLUSTER, gpus, 8192, cm.TABLE4_BATCH_TOKENS, top=None)
+def _plan405(gpus: int, headroom: float = MEMORY_HEADROOM):
+    return plan(ModelConfig.preset(L405), cm.LLAMA3_CLUSTER, gpus, 8192, cm.TABLE4_BATCH_TOKENS,
+                top=None, headroom=headroom)
+
+
+def _headroom() -> dict[str, Number]:
+    """Rule 1's headroom, and what the 8K-GPU plan would be without it."""
+    full = _plan405(8192, 0.0).ranked[0]
+    src = "planner.MEMORY_HEADROOM"
+    return {"headroom": assumed(MEMORY_HEADROOM, "{:.0%}", source=src),
+            "budget_gb": derived(memory_budget_gb(cm.LLAMA3_CLUSTER), "{:.1f} GB",
+                                 source="planner.memory_budget_gb: HBM x (1 - headroom)"),
+            "p8k_nohead_best": Number(describe(full), "{}", source=_PLAN + ", headroom 0"),
+            "p8k_nohead_gb": Number(full.memory_gb_per_gpu, "{:.0f} GB", source=_PLAN + ", headroom 0")}
 
 
 def _table4_rank(p, dp: int) -> int:
