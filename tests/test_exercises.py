@@ -114,3 +114,23 @@ def test_multiprocess_checks():
     assert E.check_column_parallel(column_parallel).ok is True
     assert E.check_column_parallel(lambda x, w: x @ w.T).ok is False
     assert E.check_column_parallel(None).ok is None
+
+
+def _dies_once(flag, fn):
+    """A worker whose rank 1 exits without raising the first time (a stalled or killed
+    process, not the reader's code), and calls `fn` once restarted."""
+    import os
+    if dist.get_rank() == 1 and not os.path.exists(flag):
+        open(flag, "w").close()
+        os._exit(1)
+    return fn()
+
+
+def test_on_ranks_restarts_a_rank_that_died_once_but_reports_raising_code(tmp_path):
+    from functools import partial
+    from minipar.teach.exercises.core import on_ranks
+    flag = str(tmp_path / "died")
+    v = on_ranks(2, partial(_dies_once, flag), lambda: None, "fine", timeout_s=20)
+    assert v.ok is True and (tmp_path / "died").exists()          # restarted, then right
+    v = on_ranks(2, partial(_dies_once, flag), lambda: 1 / 0, "fine", timeout_s=20)
+    assert v.ok is False and "raised" in v.message and "ZeroDivisionError" in v.message
