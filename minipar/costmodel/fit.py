@@ -135,6 +135,11 @@ def pairs_in_order(published: list[float], predicted: list[float]) -> float:
     return agree / len(pairs)
 
 
+def order_kept(runs: list[PublishedRun], res: list[float]) -> float:
+    """`pairs_in_order` of the runs' published MFU and the prediction (published + residual)."""
+    return pairs_in_order([r.mfu for r in runs], [r.mfu + d / 100 for r, d in zip(runs, res)])
+
+
 def held_out_report(runs: list[PublishedRun], eff: Efficiency) -> str:
     """The held-out cells: published, predicted, error; the mean and worst error, and the
     share of pairs in the published order."""
@@ -142,7 +147,7 @@ def held_out_report(runs: list[PublishedRun], eff: Efficiency) -> str:
     lines = ["held out (the heatmap's other cells; never fitted on):"]
     lines += [f"  {run.label:52s} {100 * run.mfu:5.1f} {100 * run.mfu + r:5.1f} {r:+6.1f}"
               for run, r in zip(runs, res)]
-    order = pairs_in_order([r.mfu for r in runs], [r.mfu + d / 100 for r, d in zip(runs, res)])
+    order = order_kept(runs, res)
     lines.append(f"held out: mean |error| {sum(map(abs, res)) / len(res):.1f}, worst "
                  f"{max(map(abs, res)):.1f}; {100 * order:.0f}% of pairs in the published order")
     return "\n".join(lines)

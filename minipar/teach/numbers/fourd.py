@@ -17,7 +17,7 @@ from ...config import ModelConfig
 from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
 from ...costmodel.calibration import heatmap_cells, held_out_runs
-from ...costmodel.fit import KNEE, estimate_run, pairs_in_order, residuals
+from ...costmodel.fit import KNEE, estimate_run, order_kept, residuals
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
 from ...formulas import param_count
@@ -81,14 +81,14 @@ def _held_out() -> dict[str, Number]:
     worst; and the memory the 80B on 32 GPUs printed beside a cell that ran well."""
     held = held_out_runs()
     err = residuals(held, cm.LLAMA3_EFFICIENCY)      # 14 estimates: as the notebook prints them
-    order = pairs_in_order([r.mfu for r in held], [r.mfu + e / 100 for r, e in zip(held, err)])
+    order = order_kept(held, err)
     worst = sorted(range(len(held)), key=lambda i: -abs(err[i]))[:2]
     src = "playbook_heatmap.csv (nanotron's docs/benchmark_summary.svg)"
     out = {"n_held": Number(len(held), source=src),
            "n_cells": Number(len(heatmap_cells()), source=src),
            "held_mean": Number(sum(map(abs, err)) / len(err), "{:.1f}", source=_HELD),
            "held_worst": Number(max(map(abs, err)), "{:.1f}", source=_HELD),
-           "held_order": Number(order, "{:.0%}", source=_HELD + ", fit.pairs_in_order")}
+           "held_order": Number(order, "{:.0%}", source=_HELD + ", fit.order_kept")}
     for k, i in enumerate(worst, 1):
         pc = held[i].parallel
         out[f"held_bad_{k}"] = Number(f"{held[i].model.name} on {pc.world_size} GPUs, "
