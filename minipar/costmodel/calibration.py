@@ -14,6 +14,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import flops
 from ..config import ModelConfig, ParallelConfig
 from .gpus import gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
@@ -24,6 +25,10 @@ RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
 # Every cell of the Playbook's heatmap, with the memory it printed: the cells that are not
 # calibration rows are held out, predicted and never fitted on.
 HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
+# Every run of the Playbook's interactive figure: the MFU and tokens/s each printed. Not
+# fitted on; it shows which FLOPs the Playbook's MFU counts (`playbook_mfu_ratios`).
+PLAYBOOK_RUNS_FILE = Path(__file__).parent / "data" / "playbook_runs.csv"
+PLAYBOOK_PEAK_TFLOPS = 989.5        # bench_cluster's report.py: 1979 / 2, dense bf16
 
 # The Playbook's models (nanotron's Llama with full multi-head attention and a 131,072-token
 # vocabulary; the two small ones tie their embeddings). Their shapes are those of Llama 3.2
@@ -36,10 +41,13 @@ HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
 # layers cut into stages by its cost rule (`workload.nanotron_split`), gradients all-reduced
 # in 25 MB DDP buckets (ZeRO-0) or reduce-scattered and gathered (ZeRO-1), TP with sequence
 # parallelism and no overlap modelled (its async all-gather is a known uncertainty).
-# The FLOP convention, checked: nanotron's MFU (`get_flops` in its models/llama.py) counts
-# every weight matmul 3 x 2 FLOPs, the full s x s square of attention's two matmuls and the
-# head, not the embedding lookup: PaLM's 6 N + 12 L h s, `minipar.flops`' convention, so its
-# MFU is compared as printed. Llama 3's paper does not spell out its count.
+# The FLOP convention, measured: the Playbook's MFU is not minipar's (PaLM's 6 N + 12 L h s,
+# the embedding lookup not a matmul). Over the 1,751 runs of its interactive figure
+# (`data/playbook_runs.csv`) the printed MFU is tokens/s x minipar's FLOPs per token / peak
+# times 1 + 6 h V / F whenever the input embedding is a table of its own (untied, or tied
+# but on another pipeline stage than the head): it counts the lookup as a matmul.
+# `playbook_flops_ratio` undoes that, so every row is compared in one count. Llama 3's
+# paper does not spell out its count; its rows are taken as printed.
 PLAYBOOK_MODELS = {
     "1.34B": ModelConfig(n_layers=16, dim=2048, n_heads=32, n_kv_heads=32, ffn_dim=8192,
                          vocab_size=131072, max_seq_len=4096, tie_embeddings=True, name="1.34B"),
@@ -61,13 +69,36 @@ class PublishedRun:
     parallel: ParallelConfig
     cluster: Cluster
     work: Workload
-    mfu: float
+    mfu: float              # in minipar's FLOP count (`minipar.flops`): what the fit compares
+    printed_mfu: float      # as the source prints it
 
     @property
     def label(self) -> str:
         p = self.parallel
         return (f"{self.model.name} {p.world_size} GPUs TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}"
                 f" seq {self.work.seq_len}")
+
+
+def playbook_flops_ratio(model: ModelConfig, pp: int, seq_len: int) -> float:
+    """The Playbook's MFU over minipar's for the same run: 1 + 6 h V / F (F: minipar's FLOPs
+    per token) when the input embedding is a table of its own, which the Playbook counts as
+    a matmul; 1 when it is the head's own weight on the same stage (tied, one stage)."""
+    if model.tie_embeddings and pp == 1:
+        return 1.0
+    return 1.0 + 6.0 * model.dim * model.vocab_size / flops.flops_per_token(model, seq_len)
+
+
+def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05):
+    """(model, pp, printed MFU / minipar's MFU from the printed tokens/s) of every run of the
+    Playbook's figure at `floor` MFU or more (below, 0.1-point rounding blurs the ratio)."""
+    out = []
+    for row in _rows(path):
+        model, pp = PLAYBOOK_MODELS[row["model"]], int(row["pp"])
+        ours = (float(row["tokens_per_s_per_gpu"]) * flops.flops_per_token(model, 4096)
+                / (PLAYBOOK_PEAK_TFLOPS * 1e12))
+        if ours >= floor:
+            out.append((model, pp, float(row["mfu_percent"]) / 100 / ours))
+    return out
 
 
 def _model(name: str) -> ModelConfig:
@@ -91,8 +122,10 @@ def _run(row: dict) -> PublishedRun:
         pc = pc.replace(bucket_mb=fsdp_unit_mb(_model(row["model"]), tp))
     cluster = LLAMA3_CLUSTER if llama3 else gpu_cluster("h100")
     split = "even" if llama3 else "nanotron"     # nanotron cuts the pipeline by its own rule
-    return PublishedRun(row["source"], _model(row["model"]), pc, cluster,
-                        Workload(seq, batch, mbs, stage_split=split), float(row["mfu"]))
+    model, printed = _model(row["model"]), float(row["mfu"])
+    ratio = 1.0 if llama3 else playbook_flops_ratio(model, pp, seq)
+    return PublishedRun(row["source"], model, pc, cluster,
+                        Workload(seq, batch, mbs, stage_split=split), printed / ratio, printed)
 
 
 def _rows(path: Path) -> list[dict]:

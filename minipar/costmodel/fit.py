@@ -99,12 +99,13 @@ def fit(runs: list[PublishedRun] | None = None) -> Efficiency:
 
 
 def report(runs: list[PublishedRun], eff: Efficiency) -> str:
-    """One line per row: published MFU, predicted, residual; then the summary."""
+    """One line per row: the MFU as published, in minipar's FLOP count (what is compared),
+    predicted, residual; then the summary."""
     res = residuals(runs, eff)
-    lines = [f"{'run':52s} {'published':>9s} {'predicted':>9s} {'residual':>8s}"]
+    lines = [f"{'run':52s} {'published':>9s} {'counted':>7s} {'predicted':>9s} {'residual':>8s}"]
     for run, r in zip(runs, res):
-        lines.append(f"{run.source[:10]} {run.label:41s} {100 * run.mfu:9.1f} "
-                     f"{100 * run.mfu + r:9.1f} {r:+8.1f}")
+        lines.append(f"{run.source[:10]} {run.label:41s} {100 * run.printed_mfu:9.1f} "
+                     f"{100 * run.mfu:7.1f} {100 * run.mfu + r:9.1f} {r:+8.1f}")
     inside = sum(abs(r) <= KNEE for r in res)
     lines.append(f"{inside} of {len(res)} rows within {KNEE:g} points; mean |residual| "
                  f"{sum(map(abs, res)) / len(res):.1f}, worst {max(map(abs, res)):.1f}")
@@ -144,7 +145,7 @@ def held_out_report(runs: list[PublishedRun], eff: Efficiency) -> str:
     """The held-out cells: published, predicted, error; the mean and worst error, and the
     share of pairs in the published order."""
     res = residuals(runs, eff)
-    lines = ["held out (the heatmap's other cells; never fitted on):"]
+    lines = ["held out (the heatmap's other cells; never fitted on; MFU in minipar's count):"]
     lines += [f"  {run.label:52s} {100 * run.mfu:5.1f} {100 * run.mfu + r:5.1f} {r:+6.1f}"
               for run, r in zip(runs, res)]
     order = order_kept(runs, res)

@@ -16,7 +16,8 @@ from ... import costmodel as cm
 from ...config import ModelConfig
 from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
-from ...costmodel.calibration import heatmap_cells, held_out_runs
+from ...costmodel.calibration import (PLAYBOOK_MODELS, heatmap_cells, held_out_runs,
+                                      playbook_flops_ratio, playbook_mfu_ratios)
 from ...costmodel.fit import KNEE, estimate_run, order_kept, residuals
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
@@ -48,7 +49,9 @@ def _fit() -> dict[str, Number]:
            "mean_res": Number(sum(map(abs, res)) / len(res), "{:.1f}", source=_FIT),
            "worst_res": Number(max(map(abs, res)), "{:.1f}", source=_FIT),
            "loo_mean": Number(sum(map(abs, loo)) / len(loo), "{:.1f}", source=_FIT),
-           "loo_worst": Number(max(map(abs, loo)), "{:.1f}", source=_FIT)}
+           "loo_worst": Number(max(map(abs, loo)), "{:.1f}", source=_FIT),
+           "loo_second": Number(sorted(map(abs, loo))[-2], "{:.1f}", source=_FIT)}
+    out.update(_flop_count())
     runs = cm.published_runs()
     out.update(_step_gap(runs[3]))
     for i, (run, r, held) in enumerate(zip(runs, res, loo), 1):
@@ -62,10 +65,29 @@ def _fit() -> dict[str, Number]:
         out[f"gpus_{i}"] = Number(pc.world_size, source="published_runs.csv")
         out[f"model_{i}"] = Number(run.model.name, "{}", source="published_runs.csv")
         out[f"dp_{i}"] = Number(pc.dp, source="published_runs.csv")
-        out[f"pub_{i}"] = Number(100 * run.mfu, "{:.1f}", source="published_runs.csv")
+        out[f"pub_{i}"] = Number(100 * run.printed_mfu, "{:.1f}", source="published_runs.csv")
+        out[f"ours_{i}"] = Number(100 * run.mfu, "{:.1f}",
+                                  source="published_runs.csv / calibration.playbook_flops_ratio")
         out[f"res_{i}"] = Number(r, "{:+.1f}", source=_FIT)
         out[f"loo_{i}"] = Number(held, "{:+.1f}", source=_FIT)
     return out
+
+
+def _flop_count() -> dict[str, Number]:
+    """How the Playbook's printed MFU compares with minipar's count over all its runs."""
+    src = "data/playbook_runs.csv: printed MFU over tokens/s x flops_per_token / 989.5 TFLOP/s"
+    within, plain, tol = [], [], 0.02
+    for model, pp, ratio in playbook_mfu_ratios():
+        within.append(abs(ratio / playbook_flops_ratio(model, pp, 4096) - 1) < tol)
+        plain.append(abs(ratio - 1) < tol)
+    return {"conv_runs": Number(len(within), source=src),
+            "conv_tol": Number(tol, "{:.0%}", source="the agreement asked for"),
+            "conv_floor": Number(playbook_mfu_ratios.__defaults__[1], "{:.0%}",
+                                 source="calibration.playbook_mfu_ratios' floor"),
+            "conv_within": derived(sum(within) / len(within), "{:.0%}", source=src),
+            "conv_plain": derived(sum(plain) / len(plain), "{:.0%}", source=src),
+            "conv_134_pp2": derived(playbook_flops_ratio(PLAYBOOK_MODELS["1.34B"], 2, 4096),
+                                    "{:.2f}", source="calibration.playbook_flops_ratio")}
 
 
 def _step_gap(run) -> dict[str, Number]:
