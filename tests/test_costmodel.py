@@ -610,6 +610,30 @@ def test_held_out_cells_are_not_fitted_on_and_are_predicted():
     assert order_kept(held, res) >= 0.75
 
 
+def test_layouts_of_one_model_on_one_cluster_are_ranked_better_than_chance():
+    """The Playbook's figure tried many layouts per model and cluster size; ranking them is
+    the planner's job. Better than a coin (half the pairs) by a margin, and the first pick
+    is the published best somewhere; how often it is not is the chapter's to say."""
+    from minipar.costmodel.calibration import playbook_runs
+    from minipar.costmodel.fit import layout_order
+    runs = playbook_runs()
+    assert len(runs) > 900 and all(r.mfu >= 0.05 for r in runs)
+    order = layout_order(runs, cm.LLAMA3_EFFICIENCY)
+    assert order["groups"] >= 20 and order["pairs_in_order"] > 0.65
+    assert order["first_pick_best"] >= 1 and order["first_pick_below_half"] < order["groups"] / 4
+
+
+def test_a_stage_of_the_head_alone_is_priced():
+    """nanotron's split of the 3.57B over 16 stages leaves a stage only the head; the
+    estimate prices it (it used to divide by its zero layers)."""
+    from minipar.costmodel.calibration import playbook_runs
+    from minipar.costmodel.fit import predict
+    from minipar.costmodel.workload import nanotron_split
+    assert (0, 1) in nanotron_split(cm.PLAYBOOK_MODELS["3.57B"], 16)
+    runs = [r for r in playbook_runs() if r.model.name == "3.57B" and r.parallel.pp == 16]
+    assert runs and all(0 < predict(r, cm.LLAMA3_EFFICIENCY) < 1 for r in runs)
+
+
 def test_pairs_in_order():
     from minipar.costmodel.fit import pairs_in_order
     assert pairs_in_order([1, 2, 3], [10, 20, 30]) == 1.0

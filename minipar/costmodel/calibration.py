@@ -19,7 +19,7 @@ from ..config import ModelConfig, ParallelConfig
 from .gpus import gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
 from .exposure import fsdp_unit_mb
-from .workload import Workload
+from .workload import Workload, layout_problems
 
 RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
 # Every cell of the Playbook's heatmap, with the memory it printed: the cells that are not
@@ -98,6 +98,22 @@ def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05):
                 / (PLAYBOOK_PEAK_TFLOPS * 1e12))
         if ours >= floor:
             out.append((model, pp, float(row["mfu_percent"]) / 100 / ours))
+    return out
+
+
+def playbook_runs(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05) -> list[PublishedRun]:
+    """The Playbook figure's runs at `floor` MFU or more (in minipar's count) that minipar's
+    shapes can run (a few use a TP degree that does not divide the heads), each as a
+    `PublishedRun`: all the layouts tried for one model on one cluster size, to rank."""
+    out = []
+    for row in _rows(path):
+        run = _run({"source": "ultrascale-playbook-figure", "model": row["model"], "tp": row["tp"],
+                    "cp": "1", "pp": row["pp"], "dp": row["dp"], "zero": row["zero"],
+                    "gas": row["gas"], "mbs": row["mbs"], "seq_len": "4096",
+                    "global_batch_seqs": row["gbs"], "schedule": "1f1b",
+                    "mfu": str(float(row["mfu_percent"]) / 100)})
+        if run.mfu >= floor and not layout_problems(run.model, run.parallel, run.work):
+            out.append(run)
     return out
 
 

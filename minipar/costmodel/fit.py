@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .calibration import RUNS_FILE, PublishedRun, held_out_runs, published_runs
+from .calibration import RUNS_FILE, PublishedRun, held_out_runs, playbook_runs, published_runs
 from .constants import BF16_MIXED, CONSTANTS_FILE, FITTED, Efficiency
 from .time import _estimate
 
@@ -154,6 +154,32 @@ def held_out_report(runs: list[PublishedRun], eff: Efficiency) -> str:
     return "\n".join(lines)
 
 
+def layout_order(runs: list[PublishedRun], eff: Efficiency) -> dict:
+    """Rank the layouts tried for each model on each cluster size, as a user choosing among
+    them would: the share of pairs (within a group) in the published order, how many groups'
+    first pick is the published best, and how many pick one that ran below half the best."""
+    groups: dict[tuple, list] = {}
+    for run, mfu in zip(runs, (predict(r, eff) for r in runs)):
+        groups.setdefault((run.model.name, run.parallel.world_size), []).append((run.mfu, mfu))
+    groups = {k: g for k, g in groups.items() if len(g) >= 3}
+    pairs = agree = best = below_half = 0
+    for g in groups.values():
+        n = len(g) * (len(g) - 1) // 2
+        pairs, agree = pairs + n, agree + n * pairs_in_order([a for a, _ in g], [b for _, b in g])
+        pick = max(g, key=lambda t: t[1])[0]
+        top = max(a for a, _ in g)
+        best, below_half = best + (pick == top), below_half + (pick < top / 2)
+    return {"runs": sum(map(len, groups.values())), "groups": len(groups),
+            "pairs_in_order": agree / pairs, "first_pick_best": best, "first_pick_below_half": below_half}
+
+
+def layout_order_report(order: dict) -> str:
+    return (f"each model's layouts on each cluster size ({order['runs']} runs of the Playbook's "
+            f"figure, {order['groups']} groups): {100 * order['pairs_in_order']:.0f}% of pairs in the "
+            f"published order; the first pick is the published best in {order['first_pick_best']} "
+            f"groups, below half of it in {order['first_pick_below_half']}")
+
+
 def write(eff: Efficiency, path: Path = CONSTANTS_FILE,
           held: list[float] | None = None) -> None:
     """The constants, and (for the book) each row's residual and leave-one-out residual."""
@@ -181,6 +207,7 @@ def main(argv=None) -> int:
     if held is not None:
         print(loo_report(runs, held))
     print(held_out_report(held_out_runs(), eff))
+    print(layout_order_report(layout_order(playbook_runs(), eff)))
     if args.write:
         write(eff, held=held)
         print(f"wrote {CONSTANTS_FILE}")

@@ -131,7 +131,7 @@ def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
     ends = (tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
             + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
     t_tp += axis_seconds(ends, "tp", pc, cluster, eff.links, "all_reduce", 5 / pc.pp)
-    t_att = parts["attention"] / layers
+    t_att = parts["attention"] / layers if layers else 0.0    # a stage of the head alone
     t_cp = layers * cp_seconds(model, pc, cluster, work, precision, eff, t_att)
     return {"compute": sum(parts.values()), "attention": parts["attention"], "tp": t_tp, "cp": t_cp}
 

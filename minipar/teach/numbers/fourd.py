@@ -17,8 +17,8 @@ from ...config import ModelConfig
 from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
 from ...costmodel.calibration import (PLAYBOOK_MODELS, heatmap_cells, held_out_runs,
-                                      playbook_flops_ratio, playbook_mfu_ratios)
-from ...costmodel.fit import KNEE, estimate_run, order_kept, residuals
+                                      playbook_flops_ratio, playbook_mfu_ratios, playbook_runs)
+from ...costmodel.fit import KNEE, estimate_run, layout_order, order_kept, residuals
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
 from ...formulas import param_count
@@ -116,6 +116,13 @@ def _held_out() -> dict[str, Number]:
         out[f"held_bad_{k}"] = Number(f"{held[i].model.name} on {pc.world_size} GPUs, "
                                       f"TP{pc.tp} DP{pc.dp}", "{}", source=src)
         out[f"held_bad_{k}_err"] = Number(err[i], "{:+.1f}", source=_HELD)
+    order = layout_order(playbook_runs(), cm.LLAMA3_EFFICIENCY)
+    src_lo = "fit.layout_order over calibration.playbook_runs()"
+    out.update({"lo_runs": Number(order["runs"], source=src_lo),
+                "lo_groups": Number(order["groups"], source=src_lo),
+                "lo_pairs": Number(order["pairs_in_order"], "{:.0%}", source=src_lo),
+                "lo_best": Number(order["first_pick_best"], source=src_lo),
+                "lo_half": Number(order["first_pick_below_half"], source=src_lo)})
     printed = {(r.model.name, r.parallel.world_size): gb for r, gb in heatmap_cells()}
     top = max(printed, key=printed.get)
     out.update({"mem_80b_32": Number(printed[("80B", 32)], "{:.1f} GB", source=src),
