@@ -41,11 +41,12 @@ from .heartbeat import Heartbeat
 
 
 class RankFailed(RuntimeError):
-    """A rank raised or died; `.rank` is the first rank that failed."""
+    """A rank raised or died; `.rank` is the first rank that failed, `.raised` whether it
+    did so by an exception (not by dying or hanging)."""
 
-    def __init__(self, rank: int, message: str):
+    def __init__(self, rank: int, message: str, raised: bool = False):
         super().__init__(message)
-        self.rank = rank
+        self.rank, self.raised = rank, raised
 
 
 class Stopped(RuntimeError):
@@ -351,7 +352,7 @@ def _failure(errors: dict[int, str], hung: dict[int, str] | None = None) -> Rank
     verb = "" if errors[cause].startswith("died") else "failed: "
     others = sorted(set(errors) - {cause})
     tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
-    return RankFailed(cause, f"rank {cause} {verb}{errors[cause]}{tail}")
+    return RankFailed(cause, f"rank {cause} {verb}{errors[cause]}{tail}", raised=bool(verb))
 
 
 def _hang(errors: dict[int, str], hung: dict[int, str]) -> RankFailed:
@@ -388,7 +389,7 @@ def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float
     try:
         return [fn(*args, **kwargs)]
     except Exception as e:
-        raise RankFailed(dist.get_rank(), beat.explain(e)) from e
+        raise RankFailed(dist.get_rank(), beat.explain(e), raised=True) from e
     finally:
         beat.stop()
         dist.destroy_process_group()

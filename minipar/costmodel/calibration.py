@@ -101,6 +101,14 @@ def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05):
     return out
 
 
+def flop_count_agreement(tol: float, corrected: bool = True) -> float:
+    """Share of the Playbook figure's runs whose printed MFU matches minipar's count within
+    `tol` (relative), after `playbook_flops_ratio` (`corrected`) or as printed."""
+    ratios = playbook_mfu_ratios()
+    return sum(abs(ratio / (playbook_flops_ratio(m, pp, 4096) if corrected else 1.0) - 1) < tol
+               for m, pp, ratio in ratios) / len(ratios)
+
+
 def playbook_runs(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05) -> list[PublishedRun]:
     """The Playbook figure's runs at `floor` MFU or more (in minipar's count) that minipar's
     shapes can run (a few use a TP degree that does not divide the heads), each as a

@@ -192,7 +192,7 @@ def on_ranks(world: int, worker, fn, success: str, timeout_s: float = 60.0) -> V
             break
         except RankFailed as e:
             first = str(e).strip().splitlines()[0]
-            if "failed: " in first:       # an exception, most likely in the reader's code
+            if e.raised:                  # an exception, most likely in the reader's code
                 return wrong(f"your code raised on rank {e.rank}: {first}")
             if attempt == 2:
                 return wrong(f"rank {e.rank} did not finish, twice: {first}")
