@@ -27,8 +27,31 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .formulas import wire_bytes
-from .grid import Axis
+from .formulas.collectives import wire_bytes
+
+
+# ----------------------------------------------------------------------------- groups
+@dataclass
+class Axis:
+    """One parallel axis as seen from one rank: its peers, its position, its process group."""
+
+    name: str
+    ranks: tuple[int, ...]        # global ranks in this group, in axis order
+    rank: int                     # this rank's index inside the group
+    group: object = None          # torch ProcessGroup (None: the default, whole world)
+    log_as: str = ""              # the name CommLog files its traffic under (default: name)
+
+    def __post_init__(self):
+        self.log_as = self.log_as or self.name
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def global_rank(self, index: int) -> int:
+        """The global rank of the peer at position `index` (mod size) of this axis."""
+        return self.ranks[index % self.size]
+
 
 
 # ----------------------------------------------------------------------------- the log

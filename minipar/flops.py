@@ -22,15 +22,34 @@ done again by activation recomputation; HFU divides those by the peak instead.
 """
 from __future__ import annotations
 
-from .config import ModelConfig
-from .formulas import layer_param_count, param_count  # noqa: F401  (N, counted in formulas)
+from .config import RECOMPUTE_MODES, ModelConfig
 
-RECOMPUTE = ("none", "selective", "full")
+
+# ------------------------------------------------------------------ parameters
+def layer_param_count(model: ModelConfig) -> int:
+    """Weights of one transformer block: attention, SwiGLU MLP and the two RMSNorm gains."""
+    h, hd = model.dim, model.head_dim
+    attention = h * model.n_heads * hd * 2 + h * model.n_kv_heads * hd * 2   # q, o; k, v
+    mlp = 3 * h * model.ffn_dim                                              # gate, up, down
+    return attention + mlp + 2 * h
+
+
+def param_count(model: ModelConfig, embeddings: bool = True) -> int:
+    """Parameters of the model, exactly as `minipar.model.Transformer` holds them.
+
+    embeddings=False leaves out the input embedding table (a lookup, no FLOPs) and keeps the
+    output head (a matmul): that is the N of 6N. With tied embeddings the shared table is the
+    head, so it stays.
+    """
+    table = model.vocab_size * model.dim
+    head = 0 if model.tie_embeddings else table
+    total = model.n_layers * layer_param_count(model) + model.dim + head  # + final norm
+    if embeddings or model.tie_embeddings:
+        total += table
+    return total
 
 
 # ------------------------------------------------------------------ FLOPs
-# N, the parameters a token is multiplied by, is `param_count(model, embeddings=False)`:
-# counted with the other per-rank memory parts in `minipar.formulas`.
 def dense_flops_per_token(model: ModelConfig) -> float:
     """6 N: the weight matmuls, forward and backward."""
     return 6.0 * param_count(model, embeddings=False)
@@ -53,8 +72,8 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, recompute: str =
     selective: the attention core's forward (QK^T, softmax, times V): a third of 12 L h s.
     full:      the whole forward pass: 2 N + 4 L h s.
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"--recompute {recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"--recompute {recompute!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
     attention_forward = attention_flops_per_token(model, seq_len) / 3
     if recompute == "none":
         return 0.0

@@ -14,41 +14,12 @@ Chapter "Four dimensions at once".
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from .comm import Axis
+
 AXES = ("tp", "cp", "pp", "dp")   # innermost first
-
-
-@dataclass
-class Axis:
-    """One parallel axis as seen from one rank: its peers, its position, its process group."""
-
-    name: str
-    ranks: tuple[int, ...]        # global ranks in this group, in axis order
-    rank: int                     # this rank's index inside the group
-    group: object = None          # torch ProcessGroup (None: the default, whole world)
-    log_as: str = ""              # the name CommLog files its traffic under (default: name)
-
-    def __post_init__(self):
-        self.log_as = self.log_as or self.name
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def global_rank(self, index: int) -> int:
-        """The global rank of the peer at position `index` (mod size) of this axis."""
-        return self.ranks[index % self.size]
-
-
-def mark_replica(p, axis: str):
-    """Declare that parameter `p` is an identical copy on every rank of `axis` (a norm
-    weight under tensor parallelism, say). The gradient norm then counts it once, and the
-    checkpoint saves it once (`ProcessGrid.counts`)."""
-    p._replica_axes = tuple(getattr(p, "_replica_axes", ())) + (axis,)
-    return p
 
 
 class ProcessGrid:

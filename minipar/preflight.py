@@ -17,7 +17,9 @@ import os
 
 import torch
 
-from . import checkpoint, formulas, hf, launch
+from . import checkpoint, hf, launch
+from .formulas.memory import local_param_count
+from .formulas.pipeline_parallel import rank_layers
 from .config import ConfigError, ModelConfig, TrainConfig
 from .data import check_text, make_source
 
@@ -101,10 +103,10 @@ def stage_bytes(model: ModelConfig, cfg: TrainConfig, stage: int) -> tuple[int, 
     gradients (4 B) and AdamW's m and v (8 B), ZeRO-sharded over dp x cp as far as its
     stage says. Activations come on top."""
     p = cfg.parallel
-    layers = formulas.rank_layers(model, p.pp, p.virtual_stages, stage)
+    layers = rank_layers(model, p.pp, p.virtual_stages, stage)
     first, last = stage == 0, stage == p.pp - 1
-    built = 4 * formulas.local_param_count(model, 1, layers, first, last)
-    n = formulas.local_param_count(model, p.tp, layers, first, last)
+    built = 4 * local_param_count(model, 1, layers, first, last)
+    n = local_param_count(model, p.tp, layers, first, last)
     shards = p.dp * p.cp
     held = n * (4 / (shards if p.zero >= 3 else 1) + 4 / (shards if p.zero >= 2 else 1)
                 + 8 / (shards if p.zero >= 1 else 1))

@@ -25,6 +25,7 @@ from helpers import losses, max_rel_diff
 from minipar import checkpoint, launch
 from minipar.checkpoint import CheckpointError
 from minipar.config import ModelConfig, ParallelConfig
+from minipar.formulas.failures import daly_interval, expected_waste, young_interval
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer
 from minipar.parallelize import data_parallel
@@ -141,7 +142,7 @@ def test_tp_local_is_the_tensor_parallel_cut():
     assert torch.equal(checkpoint.tp_local(full, 1, 2, 3), full[:, 4:])
     assert checkpoint.tp_local(full, None, 1, 2) is full
     if HAVE_TP:
-        from minipar.grid import Axis
+        from minipar.comm import Axis
         from minipar.parallel.tensor import shard_param
         for dim in (0, 1):
             p = shard_param(full, Axis("tp", (0, 1), 1), dim)
@@ -427,11 +428,11 @@ def test_young_and_daly_intervals(mtbf, write):
     import numpy as np
     taus = np.linspace(1.0, 20 * math.sqrt(2 * write * mtbf), 400_001)
     # Young's tau minimises the first-order waste ...
-    first_order = [checkpoint.expected_waste(t, write, mtbf) for t in taus[::100]]
+    first_order = [expected_waste(t, write, mtbf) for t in taus[::100]]
     best = taus[::100][int(np.argmin(first_order))]
-    assert abs(best / checkpoint.young_interval(write, mtbf) - 1) < 2e-3
+    assert abs(best / young_interval(write, mtbf) - 1) < 2e-3
     # ... and Daly's the exact one: with exponential failures, an interval of tau followed by
     # a write needs on average mtbf * (exp((tau + write) / mtbf) - 1) of wall-clock time
     exact = mtbf * np.expm1((taus + write) / mtbf) / taus
     best = taus[int(np.argmin(exact))]
-    assert abs(best / checkpoint.daly_interval(write, mtbf) - 1) < 1e-3
+    assert abs(best / daly_interval(write, mtbf) - 1) < 1e-3

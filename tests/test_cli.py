@@ -159,10 +159,11 @@ def test_files_and_paths_are_checked_before_any_rank(tmp_path, capsys, monkeypat
 def test_memory_a_preset_needs_is_compared_with_the_machine(monkeypatch):
     """The per-rank lower bound: the stage built whole in float32, or its TP shard with
     gradients and AdamW's m and v (16 B a weight), ZeRO-sharded; all local ranks add up."""
-    from minipar import formulas, preflight
+    from minipar import preflight
+    from minipar.flops import param_count
     from minipar.config import ConfigError, ModelConfig
     big = TrainConfig(model="llama3-8b")
-    n = formulas.param_count(ModelConfig.preset("llama3-8b"))
+    n = param_count(ModelConfig.preset("llama3-8b"))
     assert preflight.stage_bytes(big.model_config(), big, 0) == (4 * n, 16 * n)
     tp4 = TrainConfig(model="llama3-8b", parallel=ParallelConfig(tp=4, dp=2, zero=1))
     built, held = preflight.stage_bytes(tp4.model_config(), tp4, 0)

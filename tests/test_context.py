@@ -11,14 +11,14 @@ import torch.distributed as dist
 
 from minipar import comm, launch
 from minipar.config import ModelConfig, ParallelConfig
-from minipar.grid import Axis, ProcessGrid
+from minipar.comm import Axis
+from minipar.grid import ProcessGrid
 from minipar.model import Transformer, causal_attention
 from minipar.parallel import context
 from minipar.parallel.context import (CORES, apply_context_parallel, attention_work,
                                       contiguous_chunks, local_positions, ring_attention, ring_steps,
                                       shard_for_context_parallel, zigzag_chunks)
-from minipar.formulas import (cp_hops, cp_kv_bytes, cp_wire_bytes_per_step, ulysses_kv_heads,
-                              ulysses_layer_bytes)
+from minipar.formulas.context_parallel import cp_hops, cp_kv_bytes, cp_wire_bytes_per_step, ulysses_kv_heads, ulysses_layer_bytes
 from minipar.train import main
 
 from helpers import assert_close_grads, assert_same_losses, reference, run_layout

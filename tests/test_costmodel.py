@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from minipar import costmodel as cm
-from minipar import flops, formulas
-from minipar.config import ConfigError, ModelConfig, ParallelConfig
+from minipar import flops
+from minipar.formulas.context_parallel import cp_wire_bytes_per_step
+from minipar.formulas.tensor_parallel import tp_wire_bytes_per_step
+from minipar.config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig
 
 TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
 L405 = ModelConfig.preset("llama3-405b")
@@ -226,7 +228,7 @@ def test_estimate_keys_and_consistency():
 
 def test_recompute_costs_time_and_saves_memory():
     pc = cm.TABLE4[0].parallel()
-    runs = {r: cm.estimate(L405, pc, seq_len=8192, recompute=r) for r in flops.RECOMPUTE}
+    runs = {r: cm.estimate(L405, pc, seq_len=8192, recompute=r) for r in RECOMPUTE_MODES}
     assert runs["none"].mfu > runs["selective"].mfu > runs["full"].mfu
     assert runs["full"].hfu > runs["full"].mfu
     assert runs["none"].memory_gb_per_gpu > runs["selective"].memory_gb_per_gpu > runs["full"].memory_gb_per_gpu
@@ -348,7 +350,7 @@ def test_tp_bytes_agree_with_the_tensor_parallel_module(tp, sp, pp, stage):
     work = cm.Workload(seq_len=64, global_batch=6)
     pc = ParallelConfig(tp=tp, sp=sp, pp=pp, microbatches=6)
     layers = cm.rank_layers(TINY, pp, 1, stage)
-    want = formulas.tp_wire_bytes_per_step(TINY, 1, 64, tp, sp, n_micro=6, layers=layers,
+    want = tp_wire_bytes_per_step(TINY, 1, 64, tp, sp, n_micro=6, layers=layers,
                                            first=stage == 0, last=stage == pp - 1)
     assert cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32, stage)["tp"] == want
 
@@ -358,7 +360,7 @@ def test_tp_bytes_agree_with_the_tensor_parallel_module(tp, sp, pp, stage):
 def test_cp_bytes_agree_with_the_context_parallel_module(impl, cp, tp):
     work = cm.Workload(seq_len=64, global_batch=3)
     pc = ParallelConfig(cp=cp, tp=tp, cp_impl=impl, microbatches=3)
-    want = formulas.cp_wire_bytes_per_step(TINY, 1, 64, cp, impl, n_micro=3, tp=tp)
+    want = cp_wire_bytes_per_step(TINY, 1, 64, cp, impl, n_micro=3, tp=tp)
     assert cm.comm_bytes_per_gpu(TINY, pc, work, cm.FP32)["cp"] == want
 
 
@@ -653,7 +655,7 @@ def test_memory_model_is_below_what_nanotron_printed():
 
 def test_playbook_shapes_match_their_names():
     for name, model in cm.PLAYBOOK_MODELS.items():
-        assert f"{formulas.param_count(model) / 1e9:.3g}" == name.rstrip("B")
+        assert f"{flops.param_count(model) / 1e9:.3g}" == name.rstrip("B")
 
 
 def test_rails_ring_algorithms_stage_pace_and_drain():

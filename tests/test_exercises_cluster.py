@@ -2,7 +2,8 @@
 the placement they rest on agrees with ProcessGrid."""
 from __future__ import annotations
 
-from minipar import formulas
+from minipar.formulas.collectives import wire_bytes
+from minipar.formulas.memory import local_param_count
 from minipar.config import ModelConfig
 from minipar.grid import AXES, ProcessGrid
 from minipar.teach.exercises import cluster as ex
@@ -55,8 +56,8 @@ def test_exposed():
 
 
 def test_bytes_leaving_server_runs_one_step():
-    local = formulas.local_param_count(ModelConfig.preset("tiny"), 2, 8, True, True)
-    ring = formulas.wire_bytes("all_reduce", 2, 4 * local)      # fp32 gradients over DP 2
+    local = local_param_count(ModelConfig.preset("tiny"), 2, 8, True, True)
+    ring = wire_bytes("all_reduce", 2, 4 * local)      # fp32 gradients over DP 2
     assert ex.check_bytes_leaving_server(ring)
     assert ex.check_bytes_leaving_server(2 * ring).ok is False  # all-reduce counted twice
     assert ex.check_bytes_leaving_server(None).ok is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from minipar.config import ModelConfig
-from minipar.formulas import cp_wire_bytes_per_step
+from minipar.formulas.context_parallel import cp_wire_bytes_per_step
 from minipar.parallel.context import contiguous_chunks, merge, zigzag_chunks
 from minipar.teach.exercises import context_parallel as ex
 

@@ -5,7 +5,8 @@ import torch
 import torch.distributed as dist
 
 from minipar.config import ModelConfig
-from minipar.formulas import bucket_timeline, param_count
+from minipar.formulas.data_parallel import bucket_timeline
+from minipar.flops import param_count
 from minipar.teach import exercises as E
 from minipar.teach.exercises.data_parallel import ZERO1_ADAMW, dp_loss_buggy
 from minipar.teach.figures.data_parallel import model_buckets

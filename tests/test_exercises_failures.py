@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from minipar import checkpoint
+from minipar.formulas.failures import expected_waste
 from minipar.teach.exercises import failures as ex
 
 
@@ -22,7 +22,7 @@ def test_young_daly_interval():
 
 
 def test_expected_waste():
-    assert ex.check_expected_waste(checkpoint.expected_waste)
+    assert ex.check_expected_waste(expected_waste)
     assert ex.check_expected_waste(lambda t, d, m, r: d / t + (t / 2 + r) / m).ok is False
     assert ex.check_expected_waste(None).ok is None
 

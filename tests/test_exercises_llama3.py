@@ -2,7 +2,7 @@
 say "not answered" for None."""
 from minipar.config import ModelConfig
 from minipar.costmodel.table4 import TABLE4
-from minipar.formulas import layer_param_count, param_count
+from minipar.flops import layer_param_count, param_count
 from minipar.teach.exercises import llama3 as ex
 
 

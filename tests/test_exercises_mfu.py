@@ -2,7 +2,7 @@
 "not answered" for None; the predict-then-run check runs minipar once (two forked ranks)."""
 from minipar import flops
 from minipar.config import ModelConfig
-from minipar.formulas import param_count
+from minipar.flops import param_count
 from minipar.teach.exercises import mfu as ex
 
 L405 = ModelConfig.preset("llama3-405b")

@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from minipar.config import ModelConfig
-from minipar.formulas import tp_wire_bytes_per_step, wire_bytes
+from minipar.formulas.tensor_parallel import tp_wire_bytes_per_step
+from minipar.formulas.collectives import wire_bytes
 from minipar.teach.exercises import tensor_parallel as ex
 
 

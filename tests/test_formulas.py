@@ -15,7 +15,14 @@ import textwrap
 import pytest
 
 from minipar import costmodel as cm
-from minipar import flops, formulas
+from minipar import flops
+from minipar.formulas.collectives import all_reduce_time, wire_bytes
+from minipar.formulas.context_parallel import cp_hops, cp_wire_bytes_per_step
+from minipar.formulas.data_parallel import zero_bytes_per_param
+from minipar.flops import layer_param_count, param_count
+from minipar.formulas.memory import local_param_count
+from minipar.formulas.pipeline_parallel import bubble_fraction, split_layers, stage_layer_counts
+from minipar.formulas.tensor_parallel import tp_wire_bytes_breakdown
 from minipar.config import ConfigError, ModelConfig, ParallelConfig
 
 TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
@@ -65,9 +72,9 @@ def test_the_costmodel_indexerror_layout_gets_the_executors_split():
     pc = ParallelConfig(pp=3, virtual_stages=3, schedule="interleaved")
     e = cm.estimate(TINY, pc, seq_len=32, global_batch=6)
     assert 0 < e.mfu < 1 and e.microbatches == 6
-    split = formulas.split_layers(TINY.n_layers, 9, first_last_lighter=1)
+    split = split_layers(TINY.n_layers, 9, first_last_lighter=1)
     assert [len(r) for r in split] == [0, 2, 1, 1, 1, 1, 1, 1, 0]
-    assert formulas.stage_layer_counts(TINY.n_layers, 9) == [len(r) for r in split]
+    assert stage_layer_counts(TINY.n_layers, 9) == [len(r) for r in split]
     held = [cm.rank_layers(TINY, 3, 3, r) for r in range(3)]
     assert held == [sum(len(split[c * 3 + r]) for c in range(3)) for r in range(3)] == [2, 4, 2]
 
@@ -75,10 +82,10 @@ def test_the_costmodel_indexerror_layout_gets_the_executors_split():
 def test_the_executor_and_the_cost_model_share_one_split():
     from minipar.parallel import schedules
 
-    assert schedules.split_layers is formulas.split_layers        # what the executor calls
+    assert schedules.split_layers is split_layers        # what the executor calls
     for n_layers in range(1, 20):
         for n_stages in range(1, n_layers + 1):                   # every layout the executor runs
-            want = [len(r) for r in formulas.split_layers(n_layers, n_stages)]
+            want = [len(r) for r in split_layers(n_layers, n_stages)]
             assert cm.stage_layer_counts(n_layers, n_stages) == want
         for extra in (1, 2):                                      # the end stages hold no layer
             if n_layers + extra < 3:                              # (with a middle stage at least)
@@ -109,7 +116,7 @@ def _old_tp_breakdown(cfg, b, s, t, sp, layers, first, last, act_bytes=4, param_
 def test_tp_bytes_equal_the_tensor_parallel_files_old_formula(t, sp):
     for b, s in ((1, 32), (2, 16), (4, 64)):               # b*s*4 divisible by t, as in a run
         for layers, first, last in ((8, True, True), (3, True, False), (2, False, False), (3, False, True)):
-            got = formulas.tp_wire_bytes_breakdown(TINY, b, s, t, sp, n_micro=1, layers=layers,
+            got = tp_wire_bytes_breakdown(TINY, b, s, t, sp, n_micro=1, layers=layers,
                                                    first=first, last=last)
             assert got == _old_tp_breakdown(TINY, b, s, t, sp, layers, first, last)
 
@@ -117,19 +124,19 @@ def test_tp_bytes_equal_the_tensor_parallel_files_old_formula(t, sp):
 def test_cp_bytes_equal_the_context_parallel_files_old_formula():
     for cp in (1, 2, 4):
         for impl, hops in (("ring", 3 * (cp - 1)), ("allgather", 2 * (cp - 1))):
-            assert formulas.cp_hops(cp, impl) == hops
+            assert cp_hops(cp, impl) == hops
             for tp in (1, 2):
                 block = 2 * 2 * (64 // cp) * (TINY.n_kv_heads // tp) * TINY.head_dim * 4
-                assert formulas.cp_wire_bytes_per_step(TINY, 2, 64, cp, impl, 3, tp) == 3 * 8 * hops * block
+                assert cp_wire_bytes_per_step(TINY, 2, 64, cp, impl, 3, tp) == 3 * 8 * hops * block
     with pytest.raises(ValueError, match="--cp-impl 'tree'"):
-        formulas.cp_hops(2, "tree")
+        cp_hops(2, "tree")
 
 
 @pytest.mark.parametrize("name", ["afab", "1f1b", "interleaved", "zb"])
 def test_one_bubble_for_the_schedules_and_the_cost_model(name):
     from minipar.parallel import schedules
 
-    assert schedules.bubble_formula is formulas.bubble_fraction is cm.bubble_fraction
+    assert schedules.bubble_formula is bubble_fraction is cm.bubble_fraction
     for p in (1, 2, 4, 8):
         for m in (1, 4, 8, 32):
             v = 2 if name == "interleaved" else 1
@@ -139,10 +146,10 @@ def test_one_bubble_for_the_schedules_and_the_cost_model(name):
                 t_f, t_b, t_w = 1.0, 2.0, 0.5
                 slot = t_f + t_b - t_w
                 other = (p - 1) * slot / (m * (t_f + t_b + t_w) + (p - 1) * slot)
-                assert formulas.bubble_fraction(name, p, m, 1, t_f, t_b, t_w) == pytest.approx(other)
+                assert bubble_fraction(name, p, m, 1, t_f, t_b, t_w) == pytest.approx(other)
             else:
                 want = (p - 1) / (v * m + p - 1)
-            assert formulas.bubble_fraction(name, p, m, v) == pytest.approx(want, abs=1e-15)
+            assert bubble_fraction(name, p, m, v) == pytest.approx(want, abs=1e-15)
 
 
 def test_bubble_matches_the_simulator_with_equal_passes():
@@ -150,48 +157,48 @@ def test_bubble_matches_the_simulator_with_equal_passes():
 
     for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)):
         tl = simulate(make_schedule(name, 4, 8, v), 1.0, 1.0, 1.0)
-        assert tl.bubble_fraction == pytest.approx(formulas.bubble_fraction(name, 4, 8, v))
+        assert tl.bubble_fraction == pytest.approx(bubble_fraction(name, 4, 8, v))
 
 
 def test_wire_bytes_is_the_cost_models_ring_bytes_and_commlogs():
-    assert cm.ring_bytes is formulas.wire_bytes
-    assert formulas.wire_bytes("all_reduce", 4, 1000) == 1500
-    assert formulas.wire_bytes("reduce_scatter", 4, 1000) == formulas.wire_bytes("all_to_all", 4, 1000) == 750
-    assert formulas.wire_bytes("send", 4, 1000) == 1000 and formulas.wire_bytes("recv", 4, 1000) == 0
-    assert formulas.wire_bytes("broadcast", 4, 1000) == 750 and formulas.wire_bytes("all_reduce", 1, 9) == 0
+    assert cm.ring_bytes is wire_bytes
+    assert wire_bytes("all_reduce", 4, 1000) == 1500
+    assert wire_bytes("reduce_scatter", 4, 1000) == wire_bytes("all_to_all", 4, 1000) == 750
+    assert wire_bytes("send", 4, 1000) == 1000 and wire_bytes("recv", 4, 1000) == 0
+    assert wire_bytes("broadcast", 4, 1000) == 750 and wire_bytes("all_reduce", 1, 9) == 0
     with pytest.raises(ValueError, match="unknown collective"):
-        formulas.wire_bytes("gossip", 4, 1000)
+        wire_bytes("gossip", 4, 1000)
     comm = pytest.importorskip("minipar.comm")
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"):
         for n in (1, 2, 3, 8):
             for size in (0, 1000, 4097):
-                assert comm.wire_bytes(op, n, size) == formulas.wire_bytes(op, n, size)
+                assert comm.wire_bytes(op, n, size) == wire_bytes(op, n, size)
 
 
 def test_param_counts_are_flops_and_add_up_per_rank():
-    assert flops.param_count is formulas.param_count
-    assert flops.layer_param_count is formulas.layer_param_count
-    whole = sum(formulas.local_param_count(TINY, 1, n, r == 0, r == 3)
-                for r, n in enumerate(formulas.stage_layer_counts(TINY.n_layers, 4)))
-    assert whole == formulas.param_count(TINY)
+    assert flops.param_count is param_count
+    assert flops.layer_param_count is layer_param_count
+    whole = sum(local_param_count(TINY, 1, n, r == 0, r == 3)
+                for r, n in enumerate(stage_layer_counts(TINY.n_layers, 4)))
+    assert whole == param_count(TINY)
 
 
 def test_zero_memory_is_one_rule():
     # the data-parallel chapter's bytes per parameter and the cost model's memory agree
     work = cm.Workload(seq_len=64, global_batch=8)
-    n_params = formulas.param_count(TINY)
+    n_params = param_count(TINY)
     for stage in range(4):
-        per = formulas.zero_bytes_per_param(stage, 4, param=4, grad=4, optimizer=8)
+        per = zero_bytes_per_param(stage, 4, param=4, grad=4, optimizer=8)
         mem = cm.memory_per_gpu(TINY, ParallelConfig(dp=4, zero=stage, microbatches=2), work, cm.FP32)
         for part in ("params", "grads", "optimizer"):
             assert mem[part] == pytest.approx(n_params * per[part])
-    assert formulas.zero_bytes_per_param(0, 8) == {"params": 2, "grads": 2, "optimizer": 12}
-    assert formulas.zero_bytes_per_param(3, 8) == {"params": 0.25, "grads": 0.25, "optimizer": 1.5}
+    assert zero_bytes_per_param(0, 8) == {"params": 2, "grads": 2, "optimizer": 12}
+    assert zero_bytes_per_param(3, 8) == {"params": 0.25, "grads": 0.25, "optimizer": 1.5}
 
 
 def test_all_reduce_time_is_the_alpha_beta_model():
-    assert formulas.all_reduce_time(1e6, 1, 1e-5, 1e9) == 0.0
-    assert formulas.all_reduce_time(1e6, 4, 1e-5, 1e9) == pytest.approx(6e-5 + 1.5e-3)
+    assert all_reduce_time(1e6, 1, 1e-5, 1e9) == 0.0
+    assert all_reduce_time(1e6, 4, 1e-5, 1e9) == pytest.approx(6e-5 + 1.5e-3)
 
 
 def test_table4_is_unchanged_by_the_move():

@@ -17,13 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minipar"
 # Bottom first. A trailing ".*" makes every module of that subpackage one group.
 LAYERS = [
     "minipar.config",
-    "minipar.formulas",
     "minipar.flops",
+    "minipar.formulas",
+    "minipar.formulas.*",
     "minipar.costmodel.*",
     "minipar",                      # the package's __init__: ConfigError, the configs
+    "minipar.comm",
     "minipar.grid",
     "minipar.placement",            # where the grid's ranks land on servers, racks and pods
-    "minipar.comm",
     "minipar.profile",              # traces: spans of compute and of every collective
     "minipar.heartbeat",            # under torchrun: which rank (and node) is lost
     "minipar.launch",

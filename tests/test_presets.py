@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from minipar import formulas
+from minipar.flops import param_count
 from minipar.config import ModelConfig
 
 # The fields of meta-llama/Llama-3.2-1B's config.json that describe the shape.
@@ -36,17 +36,17 @@ def test_llama32_1b_has_1_24_billion_parameters():
                                + 3 * m.dim * m.ffn_dim             # gate, up, down
                                + 2 * m.dim)                        # two RMSNorm gains
                + m.dim)                                            # final norm
-    assert formulas.param_count(m) == by_hand
+    assert param_count(m) == by_hand
     # Meta's model card: 1.23B; its safetensors hold 1,235,814,400 numbers
     assert by_hand == pytest.approx(1.2358e9, rel=1e-4)
     # the N of 6N keeps the tied table (it is the output head's matmul)
-    assert formulas.param_count(m, embeddings=False) == by_hand
+    assert param_count(m, embeddings=False) == by_hand
 
 
 def test_the_count_needs_no_torch(repo_root):
-    code = ("import sys; from minipar import formulas; from minipar.config import ModelConfig; "
-            "n = formulas.param_count(ModelConfig.preset('llama3.2-1b')); "
+    code = ("import sys; from minipar import flops; from minipar.config import ModelConfig; "
+            "n = flops.param_count(ModelConfig.preset('llama3.2-1b')); "
             "assert 'torch' not in sys.modules; print(n)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root)
     assert p.returncode == 0, p.stderr
-    assert int(p.stdout) == formulas.param_count(ModelConfig.preset("llama3.2-1b"))
+    assert int(p.stdout) == param_count(ModelConfig.preset("llama3.2-1b"))

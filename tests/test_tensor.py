@@ -18,8 +18,7 @@ from minipar.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TP
                                      VocabParallelEmbedding, apply_tensor_parallel,
                                      style_of, sum_partial_grads, _replicated,
                                      vocab_parallel_cross_entropy_sum)
-from minipar.formulas import (collective_matmul_bytes, tp_wire_bytes_breakdown,
-                              tp_wire_bytes_per_step)
+from minipar.formulas.tensor_parallel import collective_matmul_bytes, tp_wire_bytes_breakdown, tp_wire_bytes_per_step
 from minipar.train import main
 
 from helpers import assert_close_grads, assert_same_losses, reference, run_layout, shard_dim

@@ -34,15 +34,15 @@ tensor), send S on the sender.
 """
 from __future__ import annotations
 
-from ..formulas import (activation_elements, bubble_fraction, cp_kv_bytes, cp_layer_bytes,
-                        dp_bytes, in_flight_microbatches, local_param_count, pp_bytes,
-                        rank_layers, stage_layer_counts, tp_cross_entropy_bytes,
-                        tp_embedding_bytes, tp_head_bytes, tp_layer_bytes, tp_norm_bytes,
-                        zero_padded_numel)
-from ..formulas import wire_bytes as ring_bytes
+from ..formulas.memory import activation_elements, local_param_count
+from ..formulas.pipeline_parallel import bubble_fraction, in_flight_microbatches, pp_bytes, rank_layers, stage_layer_counts
+from ..formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
+from ..formulas.data_parallel import dp_bytes, zero_padded_numel
+from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_layer_bytes, tp_norm_bytes
+from ..formulas.collectives import wire_bytes as ring_bytes
 from .cli import build_parser, config_from_args, format_estimate, human_bytes, main
 from .constants import (BF16_MIXED, CAUSAL_FRACTION, FP32, LLAMA3_EFFICIENCY, PRECISIONS,
-                        RECOMPUTE, TABLE4_BATCH_TOKENS, Efficiency, Precision)
+                        TABLE4_BATCH_TOKENS, Efficiency, Precision)
 from .hardware import (LLAMA3_CLUSTER, Cluster, axis_group, axis_seconds, dp_group_span,
                        group_bandwidth_GBps)
 from .memory import memory_of_rank, memory_per_gpu, param_total_local
@@ -60,7 +60,7 @@ __all__ = [
     # hardware and constants
     "Cluster", "LLAMA3_CLUSTER", "group_bandwidth_GBps", "dp_group_span", "axis_group",
     "axis_seconds", "Efficiency", "LLAMA3_EFFICIENCY", "CAUSAL_FRACTION", "Precision",
-    "BF16_MIXED", "FP32", "PRECISIONS", "RECOMPUTE", "TABLE4_BATCH_TOKENS",
+    "BF16_MIXED", "FP32", "PRECISIONS", "TABLE4_BATCH_TOKENS",
     # the workload and its rules
     "Workload", "make_workload", "workload_problems", "layout_problems",
     # the formulas, re-exported from minipar.formulas under the cost model's names

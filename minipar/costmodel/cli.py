@@ -12,8 +12,8 @@ import json
 import sys
 from dataclasses import replace
 
-from ..config import CP_IMPLS, SCHEDULES, ConfigError, ModelConfig, ParallelConfig
-from .constants import LLAMA3_EFFICIENCY, PRECISIONS, RECOMPUTE
+from ..config import CP_IMPLS, RECOMPUTE_MODES, SCHEDULES, ConfigError, ModelConfig, ParallelConfig
+from .constants import LLAMA3_EFFICIENCY, PRECISIONS
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
@@ -90,7 +90,7 @@ def _add_layout_flags(g) -> None:
                    help="chunks per pipeline rank (default with --schedule interleaved: 8, or "
                         "the most, a power of two, that pp x v <= layers + 2 allows; else 1)")
     g.add_argument("--zero", type=int, default=1)
-    g.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    g.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none")
     g.add_argument("--cp-impl", choices=CP_IMPLS, default="allgather")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")

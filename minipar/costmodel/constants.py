@@ -11,9 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..flops import RECOMPUTE
 
-__all__ = ["RECOMPUTE", "TABLE4_BATCH_TOKENS", "Efficiency", "LLAMA3_EFFICIENCY",
+__all__ = ["TABLE4_BATCH_TOKENS", "Efficiency", "LLAMA3_EFFICIENCY",
            "FITTED", "CONSTANTS_FILE", "load_efficiency", "MEMORY_BOUND_EFFICIENCY",
            "ATTENTION_HALF_SEQ", "CAUSAL_FRACTION", "Precision", "BF16_MIXED", "FP32", "PRECISIONS"]
 

@@ -17,8 +17,10 @@ Chapter "Four dimensions at once". A collective's time is the alpha-beta model o
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
-from ..formulas import (cp_hops, cp_kv_bytes, cp_layer_bytes, local_param_count,
-                        tp_layer_bytes, ulysses_kv_heads, wire_bytes)
+from ..formulas.context_parallel import cp_hops, cp_kv_bytes, cp_layer_bytes, ulysses_kv_heads
+from ..formulas.memory import local_param_count
+from ..formulas.tensor_parallel import tp_layer_bytes
+from ..formulas.collectives import wire_bytes
 from .constants import BF16_MIXED, Efficiency, Precision
 from .hardware import Cluster, axis_seconds
 from .workload import Workload

@@ -17,10 +17,9 @@ Two accountings of activations, one per precision, because they describe two pro
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
-from ..formulas import (activation_elements, embedding_saved_bytes, head_saved_bytes,
-                        in_flight_chunks, layer_saved_elements, local_param_count,
-                        rank_layers, rope_saved_elements, stage_layer_counts,
-                        weight_pass_kept_elements, zero_shards)
+from ..formulas.memory import activation_elements, embedding_saved_bytes, head_saved_bytes, layer_saved_elements, local_param_count, rope_saved_elements, weight_pass_kept_elements
+from ..formulas.pipeline_parallel import in_flight_chunks, rank_layers, stage_layer_counts
+from ..formulas.data_parallel import zero_shards
 from .constants import BF16_MIXED, FP32, Precision
 from .workload import Workload
 

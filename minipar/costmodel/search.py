@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..config import ConfigError, ModelConfig, ParallelConfig
-from .constants import (BF16_MIXED, LLAMA3_EFFICIENCY, RECOMPUTE, TABLE4_BATCH_TOKENS,
+from ..config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig
+from .constants import (BF16_MIXED, LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS,
                         Efficiency, Precision)
 from .hardware import LLAMA3_CLUSTER, Cluster
 from .time import Estimate, estimate
@@ -33,7 +33,7 @@ def _chunk_counts(schedule: str, pp: int, n_layers: int) -> list[int]:
 def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: int = 8192,
                  seq_len: int = 8192, global_batch_tokens: int = TABLE4_BATCH_TOKENS,
                  microbatch_sizes=(1, 2), schedules=("1f1b", "interleaved"),
-                 recompute=RECOMPUTE, zero=(1,), cp_impl: str = "allgather",
+                 recompute=RECOMPUTE_MODES, zero=(1,), cp_impl: str = "allgather",
                  tps=None, cps=None, pps=None, top: int | None = 10,
                  precision: Precision = BF16_MIXED,
                  efficiency: Efficiency = LLAMA3_EFFICIENCY) -> list[Estimate]:

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 from .. import flops
 from ..config import ConfigError, ModelConfig, ParallelConfig
-from ..formulas import (bubble_fraction, tp_cross_entropy_bytes, tp_embedding_bytes,
-                        tp_head_bytes, tp_norm_bytes)
+from ..formulas.pipeline_parallel import bubble_fraction
+from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_norm_bytes
 from . import kernels
 from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, MEMORY_BOUND_EFFICIENCY, Efficiency, Precision
 from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds,

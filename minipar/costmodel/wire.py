@@ -8,8 +8,11 @@ too; this module evaluates them for one pipeline rank of a layout, so that a tin
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
-from ..formulas import (cp_wire_bytes_per_step, dp_bytes, local_param_count, pp_bytes,
-                        rank_layers, tp_wire_bytes_per_step)
+from ..formulas.context_parallel import cp_wire_bytes_per_step
+from ..formulas.data_parallel import dp_bytes
+from ..formulas.memory import local_param_count
+from ..formulas.pipeline_parallel import pp_bytes, rank_layers
+from ..formulas.tensor_parallel import tp_wire_bytes_per_step
 from .constants import BF16_MIXED, Precision
 from .workload import Workload
 

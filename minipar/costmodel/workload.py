@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import ConfigError, ModelConfig, ParallelConfig
-from .constants import RECOMPUTE, TABLE4_BATCH_TOKENS
+from ..config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig
+from .constants import TABLE4_BATCH_TOKENS
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ def workload_problems(parallel: ParallelConfig, work: Workload) -> list[str]:
         return [f"--microbatch-size {work.microbatch_size} must be a positive integer"]
     if work.global_batch < 1:
         return [f"--global-batch {work.global_batch} must be a positive integer"]
-    if work.recompute not in RECOMPUTE:
-        out.append(f"--recompute {work.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+    if work.recompute not in RECOMPUTE_MODES:
+        out.append(f"--recompute {work.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
     if parallel.dp >= 1 and work.global_batch % parallel.dp == 0:
         per_rank = work.global_batch // parallel.dp
         if per_rank % work.microbatch_size:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm
-from ..grid import Axis
+from ..comm import Axis
 
 
 # ----------------------------------------------------------------- the two ring loops

@@ -33,7 +33,7 @@ import math
 import torch
 
 from .. import comm
-from ..grid import Axis
+from ..comm import Axis
 from . import regions
 from ..model import causal_attention
 

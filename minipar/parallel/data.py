@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from ..grid import Axis
+from ..comm import Axis
 from .tensor import sum_partial_grads
 
 

@@ -59,11 +59,12 @@ import torch.nn as nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from .. import comm, memory, profile
+from ..comm import Axis
 from ..config import ConfigError
-from ..formulas import split_layers
-from ..grid import Axis, mark_replica
+from ..formulas.pipeline_parallel import split_layers
 from ..model import Transformer
 from .context import shard_sequence
+from .tensor import mark_replica
 from .schedules import Action, Message, inputs_of, make_schedule, outputs_of, p2p_plan, stage_of
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import comm
-from ..grid import Axis
+from ..comm import Axis
 
 
 class _CopyToGroup(torch.autograd.Function):

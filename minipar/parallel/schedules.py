@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..config import SCHEDULES, ConfigError
-from ..formulas import bubble_fraction, split_layers
+from ..formulas.pipeline_parallel import bubble_fraction, split_layers
 
 __all__ = [
     "Action", "Event", "Timeline", "ScheduleError", "SCHEDULES",

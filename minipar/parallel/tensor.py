@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..grid import Axis, mark_replica
+from ..comm import Axis
 from ..model import cross_entropy_sum
 from . import regions
 from .collective_matmul import all_gather_linear, linear_reduce_scatter
@@ -69,6 +69,14 @@ def exit_tp(x, axis: Axis, sp: bool):
     """Sum the ranks' partial outputs: g (all-reduce forward), or under SP a reduce-scatter
     that leaves each rank the sum for its own slice of the sequence."""
     return regions.reduce_scatter_to_group(x, axis, SEQ_DIM) if sp else regions.reduce_from_group(x, axis)
+
+
+def mark_replica(p, axis: str):
+    """Declare that parameter `p` is an identical copy on every rank of `axis` (a norm
+    weight under tensor parallelism, say). The gradient norm then counts it once, and the
+    checkpoint saves it once (`ProcessGrid.counts`)."""
+    p._replica_axes = tuple(getattr(p, "_replica_axes", ())) + (axis,)
+    return p
 
 
 def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..grid import Axis
+from ..comm import Axis
 from .data import DataParallel, Shard, nbytes
 
 

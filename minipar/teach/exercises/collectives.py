@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from ...comm import LOG, all_gather, all_reduce, exchange, reduce_scatter
-from ...formulas import wire_bytes
+from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...launch import run_local
 from .core import Tolerance, Verdict, exercise, first_difference, number, on_ranks, predicted

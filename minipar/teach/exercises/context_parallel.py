@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from ...config import ModelConfig, ParallelConfig
-from ...formulas import cp_wire_bytes_per_step
-from ...grid import Axis, ProcessGrid
+from ...formulas.context_parallel import cp_wire_bytes_per_step
+from ...comm import Axis
+from ...grid import ProcessGrid
 from ...model import causal_attention
 from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
                                  local_positions, ring_attention, shard_for_context_parallel)

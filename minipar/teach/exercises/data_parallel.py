@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from ...config import ParallelConfig
-from ...formulas import dp_bytes
+from ...formulas.data_parallel import dp_bytes
 from ...parallel.data import FIRST_BUCKET_MB, make_buckets
 from ...train import TrainConfig, train
 from .core import (FLOAT32, Verdict, at, exercise, first_difference,

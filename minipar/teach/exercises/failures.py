@@ -6,7 +6,7 @@ import math
 import posixpath
 import tempfile
 
-from ...checkpoint import expected_waste
+from ...formulas.failures import expected_waste
 from ...config import ParallelConfig
 from ...train import TrainConfig, train
 from .core import NOT_ANSWERED, Verdict, compare_calls, exercise, function_given, number, predicted, right, wrong
@@ -31,7 +31,7 @@ def check_expected_waste(fn) -> Verdict:
         lambda args, got, want: f"fn{args} = {got:.5f}, expected another value (off by "
                                 f"{got - want:+.5f}); count the writes, the restart and the "
                                 f"lost work.",
-        "your waste model matches minipar.checkpoint.expected_waste.")
+        "your waste model matches minipar.formulas.failures.expected_waste.")
 
 
 @functools.cache

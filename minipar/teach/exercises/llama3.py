@@ -13,7 +13,8 @@ from __future__ import annotations
 from ...config import ModelConfig, ParallelConfig, TrainConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
-from ...formulas import local_param_count, param_count
+from ...formulas.memory import local_param_count
+from ...flops import param_count
 from ...grid import ProcessGrid
 from ...train import train
 from ..figures.llama3 import replica_pods

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...config import ModelConfig, ParallelConfig, TrainConfig
 from ...costmodel import FP32, Workload, comm_bytes_per_gpu
 from ...flops import dense_flops_per_token, flops_per_token, mfu
-from ...formulas import param_count
+from ...flops import param_count
 from ...train import train
 from .core import Verdict, compare_calls, exercise, number, predicted
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ...config import ParallelConfig
-from ...formulas import wire_bytes
+from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...parallel.regions import reduce_from_group
 from ...train import TrainConfig, train

@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...formulas import ALL_REDUCE_ALGORITHMS, all_reduce_cost
+from ...formulas.collectives import ALL_REDUCE_ALGORITHMS, all_reduce_cost
 from ..figures.collectives import plot_algorithms
 from ..widgets import live_panel
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...config import ModelConfig
-from ...formulas import cp_wire_bytes_per_step
+from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.context import attention_work
 from ..figures.context_parallel import CP_LAYOUTS, plot_cp_layout
 from ..style import COLORS, INVALID, log2_ticks

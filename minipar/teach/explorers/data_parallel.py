@@ -11,7 +11,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...config import PRESETS, ModelConfig
-from ...formulas import param_count, zero_bytes_per_param
+from ...flops import param_count
+from ...formulas.data_parallel import zero_bytes_per_param
 from ..figures.data_parallel import plot_zero_memory
 from ..widgets import live_panel
 

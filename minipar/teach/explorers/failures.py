@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ...checkpoint import daly_interval, expected_waste, young_interval
+from ...formulas.failures import daly_interval, expected_waste, young_interval
 from ..numbers import failures as facts
 from ..style import COLORS
 from ..widgets import live_panel
@@ -48,7 +48,7 @@ def figure(interval_min=DEFAULTS["interval_min"], mtbf_h=DEFAULTS["mtbf_h"],
            color=[COLORS.get("dp", "tab:blue"), "tab:orange", "tab:grey"])
     bx.set(ylabel="% of the time", title=f"at {interval_min:g} min", xlabel="")
     fig.suptitle(f"MTBF {mtbf_h:g} h, a write takes {write_s:g} s, a restart {restart_s:g} s "
-                 "(first order, minipar.checkpoint.expected_waste)", fontsize=9)
+                 "(first order, minipar.formulas.failures.expected_waste)", fontsize=9)
     fig.tight_layout()
     return fig
 

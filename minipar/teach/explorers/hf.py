@@ -5,7 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...config import ModelConfig
-from ...formulas import local_param_count, param_count, split_layers
+from ...formulas.memory import local_param_count
+from ...flops import param_count
+from ...formulas.pipeline_parallel import split_layers
 from ..figures.hf import plot_slices
 from ..widgets import live_panel
 

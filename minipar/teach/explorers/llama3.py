@@ -15,7 +15,9 @@ from ...config import ModelConfig
 from ...costmodel.constants import BF16_MIXED
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import Table4Row
-from ...formulas import cp_kv_bytes, cp_layer_bytes, tp_layer_bytes, wire_bytes
+from ...formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
+from ...formulas.tensor_parallel import tp_layer_bytes
+from ...formulas.collectives import wire_bytes
 from ..figures.llama3 import _draw_row
 from ..style import COLORS
 from ..widgets import live_panel

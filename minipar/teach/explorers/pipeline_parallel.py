@@ -11,7 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...config import SCHEDULES, ConfigError
-from ...formulas import bubble_fraction
+from ...formulas.pipeline_parallel import bubble_fraction
 from ...parallel.schedules import make_schedule, peak_in_flight, simulate
 from ..figures.pipeline_parallel import plot_schedule
 from ..style import INVALID

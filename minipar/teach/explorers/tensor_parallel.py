@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt
 
 from ...config import ModelConfig
 from ...costmodel.constants import LLAMA3_EFFICIENCY
-from ...formulas import layer_param_count, tp_layer_bytes
+from ...flops import layer_param_count
+from ...formulas.tensor_parallel import tp_layer_bytes
 from ..style import COLORS
 from ..widgets import live_panel
 

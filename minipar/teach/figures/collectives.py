@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from ...comm import ring_schedule
-from ...formulas import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
+from ...formulas.collectives import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
 
 # Bytes one rank sends, as a fraction of the message S, under the ring algorithm. Written
 # out here (not taken from minipar.formulas) so that the figure checks the log, not itself.

@@ -12,7 +12,9 @@ import torch
 from matplotlib.patches import Polygon, Rectangle
 
 from ...config import ModelConfig
-from ...formulas import activation_elements, cp_wire_bytes_per_step, stage_layer_counts
+from ...formulas.memory import activation_elements
+from ...formulas.context_parallel import cp_wire_bytes_per_step
+from ...formulas.pipeline_parallel import stage_layer_counts
 from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
                                  local_positions, merge, ring_steps, zigzag_chunks)
 from ..style import COLORS, log2_ticks

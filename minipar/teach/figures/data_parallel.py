@@ -14,7 +14,7 @@ from matplotlib.patches import Rectangle
 
 from ... import profile
 from ...config import ModelConfig
-from ...formulas import bucket_timeline, zero_bytes_per_param, zero_shards
+from ...formulas.data_parallel import bucket_timeline, zero_bytes_per_param, zero_shards
 from ...model import Transformer
 from ...parallel.data import make_buckets
 from ..style import COLORS, MEMORY_PARTS, formula_marks, stacked_bars

@@ -13,7 +13,8 @@ import numpy as np
 
 import torch
 
-from ...checkpoint import expected_waste, tp_local, young_interval
+from ...checkpoint import tp_local
+from ...formulas.failures import expected_waste, young_interval
 from ...parallel.zero import FlatShards
 from ..exercises.failures import broken_commit, crash_table, safe_commit
 from ..numbers import failures as facts

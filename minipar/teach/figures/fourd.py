@@ -16,7 +16,7 @@ from matplotlib.ticker import NullLocator
 from ...costmodel import LLAMA3_CLUSTER, rules
 from ...costmodel.calibration import held_out_runs, published_runs
 from ...costmodel.constants import CONSTANTS_FILE
-from ...formulas import bubble_fraction
+from ...formulas.pipeline_parallel import bubble_fraction
 from ...grid import AXES, ProcessGrid
 from ..style import AXIS_NAMES, COLORS
 
@@ -205,7 +205,7 @@ def tp_rule(widths=(2048, 4096, 8192, 16384), degrees=(2, 4, 8, 16)):
 
 
 def bubble_rule(ms=(4, 8, 16, 32, 64, 128), layouts=((4, 1), (16, 1), (16, 8))):
-    """Rule 3: `formulas.bubble_fraction` against micro-batches (`plot_bubble_threshold`)."""
+    """Rule 3: `formulas.pipeline_parallel.bubble_fraction` against micro-batches (`plot_bubble_threshold`)."""
     return plot_bubble_threshold(list(ms), {
         f"p={p} v={v}": [bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v) for m in ms]
         for p, v in layouts})

@@ -16,7 +16,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ...config import ModelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...formulas import split_layers
+from ...formulas.pipeline_parallel import split_layers
 from ...grid import ProcessGrid
 from ..numbers.hf import kv_bytes_per_token
 

@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt
 
 from ...config import ModelConfig
 from ...costmodel.constants import BF16_MIXED, FP32
-from ...formulas import in_flight_chunks, layer_saved_breakdown
+from ...formulas.pipeline_parallel import in_flight_chunks
+from ...formulas.memory import layer_saved_breakdown
 from ..numbers.memory import budgets      # the same computation the prose states
 from ..style import BLUE, COLORS, GREEN, ORANGE, PURPLE, lighter, stacked_bars
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ...formulas import bubble_fraction
+from ...formulas.pipeline_parallel import bubble_fraction
 from ...parallel.pipeline import load_trace
 from ...parallel.schedules import Timeline, make_schedule, simulate, timeline_from_events
 from ..style import COLORS, GREY, lighter

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ...config import ModelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER, collective_steps
 from ...costmodel.table4 import TABLE4
-from ...formulas import param_count, wire_bytes
+from ...flops import param_count
+from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...placement import groups, ring_links, straddling_replicas
 from .core import Number, assumed, derived, paper
@@ -64,7 +65,7 @@ def _nccl() -> dict[str, Number]:
         "dp_ring_latency_ms": derived(ring * us / 1e3, "{:.1f} ms", source="steps x latency"),
         "dp_tree_latency_ms": derived(tree * us / 1e3, "{:.2f} ms", source="steps x latency"),
         "bench_params": Number(param_count(ModelConfig.preset("llama3.2-1b")) / 1e9,
-                               "{:.1f} billion", source="formulas.param_count"),
+                               "{:.1f} billion", source="flops.param_count"),
     }
 
 

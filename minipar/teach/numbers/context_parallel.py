@@ -14,7 +14,9 @@ from ...config import ModelConfig
 from ...costmodel.constants import BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
-from ...formulas import activation_elements, cp_wire_bytes_per_step, stage_layer_counts
+from ...formulas.memory import activation_elements
+from ...formulas.context_parallel import cp_wire_bytes_per_step
+from ...formulas.pipeline_parallel import stage_layer_counts
 from ...parallel.context import attention_work, contiguous_chunks
 from .core import Number, derived
 
@@ -41,7 +43,7 @@ def _activations(m: ModelConfig, row) -> dict[str, Number]:
     stage_layers = max(stage_layer_counts(m.n_layers, row.pp))
     per_layer = per_token * BF16_MIXED.act_bytes * row.seq_len
     return {
-        "values_per_token_layer": derived(per_token, "{:,.0f}", source="formulas.activation_elements, TP8 + SP"),
+        "values_per_token_layer": derived(per_token, "{:,.0f}", source="formulas.memory.activation_elements, TP8 + SP"),
         "kb_per_token_layer": derived(per_token * BF16_MIXED.act_bytes / 1e3, "{:.0f} KB"),
         "long_layer_gb": derived(per_layer / 1e9, "{:.1f} GB", source="131,072 tokens, one layer, no CP"),
         "stage_layers": derived(stage_layers, source="126 layers on 16 stages"),
@@ -62,10 +64,10 @@ def _wire(m: ModelConfig, row) -> dict[str, Number]:
     out = {"kv_block_mb": derived(block / 1e6, "{:.1f} MB", source="2 s/cp (h_kv/tp) d, bf16")}
     for impl in ("ring", "allgather", "ulysses"):
         out[f"{impl}_mb"] = derived(layer_bytes_per_rank(m, s, cp, tp, impl) / 1e6, "{:,.0f} MB",
-                                    source="formulas.cp_wire_bytes_per_step")
+                                    source="formulas.context_parallel.cp_wire_bytes_per_step")
     for impl in ("allgather", "ulysses"):
         out[f"mha_{impl}_mb"] = Number(layer_bytes_per_rank(MHA_7B, s, MHA_CP, 1, impl) / 1e6,
-                                       "{:,.0f} MB", source="formulas.cp_wire_bytes_per_step")
+                                       "{:,.0f} MB", source="formulas.context_parallel.cp_wire_bytes_per_step")
     out["mha_heads"] = Number(MHA_7B.n_heads)
     out["mha_cp"] = Number(MHA_CP)
     return out

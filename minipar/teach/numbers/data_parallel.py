@@ -12,7 +12,7 @@ from ...config import ModelConfig, ParallelConfig
 from ...costmodel import LLAMA3_CLUSTER, estimate
 from ...costmodel.constants import TABLE4_BATCH_TOKENS
 from ...costmodel.table4 import TABLE4
-from ...formulas import zero_bytes_per_param
+from ...formulas.data_parallel import zero_bytes_per_param
 from ...parallel.data import FIRST_BUCKET_MB
 from .core import Number, derived, paper
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import signal
 
-from ...checkpoint import expected_waste, young_interval
+from ...formulas.failures import expected_waste, young_interval
 from ...config import ModelConfig
-from ...formulas import param_count
+from ...flops import param_count
 from .core import Number, assumed, derived, paper
 
 # Table 5: component, category, unexpected interruptions, share as printed (%)

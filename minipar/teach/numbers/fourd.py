@@ -22,7 +22,7 @@ from ...costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement, hea
 from ...costmodel.fit import KNEE, estimate_run, layout_order, order_kept, residuals
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
-from ...formulas import param_count
+from ...flops import param_count
 from ..exercises.fourd import check_plan
 from .core import Number, assumed, derived
 

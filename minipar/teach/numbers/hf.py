@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ...config import ModelConfig
 from ...costmodel.table4 import TABLE4
-from ...formulas import param_count
+from ...flops import param_count
 from .core import Number, derived
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "minipar_book.txt"

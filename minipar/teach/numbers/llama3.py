@@ -9,8 +9,11 @@ from ...costmodel.constants import BF16_MIXED, LLAMA3_EFFICIENCY, TABLE4_BATCH_T
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
 from ...flops import attention_flops_per_token, dense_flops_per_token
-from ...formulas import (cp_kv_bytes, dp_bytes, layer_param_count, param_count,
-                         tp_layer_bytes, wire_bytes)
+from ...formulas.context_parallel import cp_kv_bytes
+from ...formulas.data_parallel import dp_bytes
+from ...flops import layer_param_count, param_count
+from ...formulas.tensor_parallel import tp_layer_bytes
+from ...formulas.collectives import wire_bytes
 from .core import Number, assumed, derived, paper
 
 
@@ -93,11 +96,11 @@ def _model_size(m: ModelConfig) -> dict[str, Number]:
         "layer_qo_b": derived(2 * h * h / 1e9, "{:.2f} billion", "2 h^2"),
         "layer_kv_b": derived(2 * h * kv / 1e9, "{:.2f} billion", "2 h x 8 x 128"),
         "layer_ffn_b": derived(3 * h * m.ffn_dim / 1e9, "{:.2f} billion", "3 h x ffn"),
-        "layer_params_b": derived(layer / 1e9, "{:.2f} billion", "formulas.layer_param_count"),
+        "layer_params_b": derived(layer / 1e9, "{:.2f} billion", "flops.layer_param_count"),
         "embed_b": derived(m.vocab_size * h / 1e9, "{:.1f} billion", "vocab x h"),
-        "param_count": derived(n, source="formulas.param_count"),
+        "param_count": derived(n, source="flops.param_count"),
         "matmul_params_b": derived(param_count(m, embeddings=False) / 1e9, "{:.2f} billion",
-                                   "formulas.param_count(embeddings=False)"),
+                                   "flops.param_count(embeddings=False)"),
         "state_tb": derived(n * STATE_BYTES / 1e12, "{:.1f} TB", "16 bytes per parameter"),
         "state_gpus": derived(math.ceil(n * STATE_BYTES / (HBM_GB * 1e9)),
                               source="16 N bytes / 80 GB"),
@@ -156,7 +159,7 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
     dp = dp_bytes(local, row2.dp, zero=1, grad_bytes=4, param_bytes=2)
     return {
         "act_gb": derived(a / 1e9, "{:.2f} GB", "[8192, 16384] in bf16"),
-        "tp_layer_gb": derived(tp_layer / 1e9, "{:.1f} GB", "formulas.tp_layer_bytes, TP8"),
+        "tp_layer_gb": derived(tp_layer / 1e9, "{:.1f} GB", "formulas.tensor_parallel.tp_layer_bytes, TP8"),
         "tp_nvlink_ms": derived(tp_layer / (LLAMA3_CLUSTER.intra_node_GBps * 1e9 * link) * 1e3,
                                 "{:.0f} ms", "at 450 GB/s x the fitted network efficiency"),
         "tp_nic_ms": derived(tp_layer / (LLAMA3_CLUSTER.inter_node_GBps * 1e9 * link) * 1e3,
@@ -169,7 +172,7 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
         "dp_local_b": derived(local / 1e9, "{:.1f} billion", "N / (TP x PP)"),
         "dp_rs_gb": derived(local * 4 / 1e9, "{:.1f} GB", "fp32 gradients"),
         "dp_ag_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16 weights"),
-        "dp_step_gb": derived(dp / 1e9, "{:.0f} GB", "formulas.dp_bytes, ZeRO-1, DP128"),
+        "dp_step_gb": derived(dp / 1e9, "{:.0f} GB", "formulas.data_parallel.dp_bytes, ZeRO-1, DP128"),
         "weights_per_gpu_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16, N / (TP x PP)"),
     }
 

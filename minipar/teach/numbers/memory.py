@@ -15,8 +15,9 @@ from ...config import ModelConfig
 from ...costmodel.constants import BF16_MIXED, FP32
 from ...costmodel.memory import fullest_stage, layer_bytes, memory_of_rank
 from ...costmodel.table4 import table4
-from ...formulas import (activation_elements, in_flight_chunks, layer_param_count,
-                         layer_saved_elements, param_count, stage_layer_counts)
+from ...formulas.memory import activation_elements, layer_saved_elements
+from ...formulas.pipeline_parallel import in_flight_chunks, stage_layer_counts
+from ...flops import layer_param_count, param_count
 from ...train import TrainConfig
 from .core import Number, assumed, derived, paper
 
@@ -70,8 +71,8 @@ def _tiny() -> dict[str, Number]:
     return {
         "tiny_dim": Number(tiny.dim), "tiny_heads": Number(tiny.n_heads),
         "tiny_kv": Number(tiny.n_kv_heads * tiny.head_dim), "tiny_ffn": Number(tiny.ffn_dim),
-        "tiny_layer_elements": Number(none, "{:,.0f}", source="formulas.layer_saved_elements"),
-        "tiny_fused_elements": Number(fused, "{:,.0f}", source="formulas.activation_elements"),
+        "tiny_layer_elements": Number(none, "{:,.0f}", source="formulas.memory.layer_saved_elements"),
+        "tiny_fused_elements": Number(fused, "{:,.0f}", source="formulas.memory.activation_elements"),
         "fused_short": Number(1 - fused / none, "{:.0%}"),
         "tiny_lse_elements": Number(tiny.n_heads),
         "tiny_full_elements": Number(full, "{:,.0f}"),
@@ -126,7 +127,7 @@ def _budget() -> dict[str, Number]:
         "hbm_gb": derived(HBM_GIB * GIB / 1e9, "{:.1f} GB", source="80 GiB in decimal GB"),
         "nvidia_smi_mib": assumed(NVIDIA_SMI_MIB, "{:,} MiB", source="nvidia-smi on an H100 SXM 80GB"),
         "fullest_stage": derived(rows[0]["stage"], "{}", source="costmodel.memory.fullest_stage"),
-        "first_chunk_flight": derived(rows[0]["first_chunk_flight"], source="formulas.in_flight_chunks"),
+        "first_chunk_flight": derived(rows[0]["first_chunk_flight"], source="formulas.pipeline_parallel.in_flight_chunks"),
         "zero1_grads_gb": derived(rows[0][1]["grads"] / 1e9, "{:.1f} GB",
                                   source="costmodel.memory: fp32 gradients, whole"),
     }
@@ -140,7 +141,7 @@ def _budget() -> dict[str, Number]:
                                            source="80 GiB minus the ZeRO-2 total")
         out[f"row{i}_acts_gb"] = derived(r[2]["activations"] / 1e9, "{:.0f} GB",
                                          source="costmodel.memory.activation_bytes")
-        out[f"row{i}_layer_mb"] = derived(r["layer_mb"], source="formulas.in_flight_chunks")
+        out[f"row{i}_layer_mb"] = derived(r["layer_mb"], source="formulas.pipeline_parallel.in_flight_chunks")
         out[f"row{i}_per_layer_mb"] = derived(r["per_layer_mb"] / 1e6, "{:.0f} MB",
                                               source="Korthikanti's count x 8K tokens, bf16")
     return out

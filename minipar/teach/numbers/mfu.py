@@ -38,7 +38,7 @@ def _row(i: int, row, e) -> dict[str, Number]:
         p + "step_s": derived(e.step_time_s, "{:.2f} s", src),
         p + "mfu_model": derived(e.mfu, "{:.1%}", src + ", PaLM's convention"),
         p + "tflops_model": derived(e.tflops_per_gpu, "{:.0f} TFLOP/s", src),
-        p + "bubble_frac": derived(e.bubble_fraction, "{:.1%}", src + ", formulas.bubble_fraction"),
+        p + "bubble_frac": derived(e.bubble_fraction, "{:.1%}", src + ", formulas.pipeline_parallel.bubble_fraction"),
         p + "microbatches": derived(e.microbatches, "{:,}", "16M tokens / (DP x seq)"),
         p + "memory_gb": derived(e.memory_gb_per_gpu, "{:.1f} GB", src + ", ZeRO-1, no recomputation"),
         p + "tokens_per_s": derived(e.tokens_per_s, "{:,.0f}", src),
@@ -186,9 +186,9 @@ def _memory() -> dict[str, Number]:
         out[f"{r}_hfu"] = derived(est[r].hfu, "{:.1%}", src + f", recompute {r}")
     out.update({
         "in_flight": derived(cm.in_flight_microbatches("interleaved", row1.pp, est["none"].microbatches, 0, 8),
-                             "{:.1f}", "formulas.in_flight_microbatches"),
+                             "{:.1f}", "formulas.pipeline_parallel.in_flight_microbatches"),
         "act_kb_token_layer": derived(cm.activation_elements(m, row1.tp, True, "none") * 2 / 1e3, "{:.0f} kB",
-                                      "formulas.activation_elements, TP8 + SP, bf16"),
+                                      "formulas.memory.activation_elements, TP8 + SP, bf16"),
     })
     return out
 

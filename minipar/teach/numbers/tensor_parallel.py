@@ -15,8 +15,11 @@ from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
 from ...costmodel.time import estimate
 from ...flops import flops_per_token
-from ...formulas import (dp_bytes, layer_param_count, layer_saved_elements, param_count,
-                         tp_layer_bytes, wire_bytes)
+from ...formulas.data_parallel import dp_bytes
+from ...flops import layer_param_count, param_count
+from ...formulas.memory import layer_saved_elements
+from ...formulas.tensor_parallel import tp_layer_bytes
+from ...formulas.collectives import wire_bytes
 from .core import Number, derived
 
 GB = 1e9
@@ -35,11 +38,11 @@ def _why_not_data_parallel(m: ModelConfig) -> dict[str, Number]:
     compute_s = flops_per_token(m, seq) * seq / (row1.tflops_per_gpu * 1e12)
     src = "book/tensor_parallel.md, opening"
     return {
-        "layer_params_b": derived(layer_param_count(m) / 1e9, "{:.1f}", "formulas.layer_param_count"),
+        "layer_params_b": derived(layer_param_count(m) / 1e9, "{:.1f}", "flops.layer_param_count"),
         "layer_weights_gb": derived(layer_param_count(m) * BF16_MIXED.param_bytes / GB, "{:.1f} GB", "bf16"),
-        "seq_activations_gb": derived(saved / GB, "{:,.0f} GB", "formulas.layer_saved_elements x 126 layers"),
+        "seq_activations_gb": derived(saved / GB, "{:,.0f} GB", "formulas.memory.layer_saved_elements x 126 layers"),
         "hbm_gib": derived(LLAMA3_CLUSTER.hbm_gb * GB / 2**30, "{:.0f} GiB", "LLAMA3_CLUSTER.hbm_gb"),
-        "zero3_tb": derived(zero3 / 1e12, "{:.1f} TB", "formulas.dp_bytes(zero=3), one sequence"),
+        "zero3_tb": derived(zero3 / 1e12, "{:.1f} TB", "formulas.data_parallel.dp_bytes(zero=3), one sequence"),
         "zero3_s": derived(zero3_s, "{:.0f} s", "at one 400 Gb/s NIC, " + src),
         "seq_compute_s": derived(compute_s, "{:.0f} s", "6N + 12Lhs FLOPs at row 1's 430 TFLOP/s"),
     }
@@ -77,7 +80,7 @@ def _llama3_tp(m: ModelConfig) -> dict[str, Number]:
         "act_mb": derived(a / 1e6, "{:.0f} MB", "[1, 8192, 16384] in bf16"),
         "allreduce_mb": derived(wire_bytes("all_reduce", row1.tp, a) / 1e6, "{:.0f} MB", "ring, t = 8"),
         "layer_wire_gb": derived(tp_layer_bytes(row1.seq_len, m.dim, row1.tp, act) / GB, "{:.1f} GB",
-                            "formulas.tp_layer_bytes"),
+                            "formulas.tensor_parallel.tp_layer_bytes"),
         "microbatches": derived(inside.microbatches, "{:,}", "2,048 sequences / DP 64"),
         "layers_per_gpu": derived(m.n_layers / row1.pp, "{:.3g}", "126 layers / PP 16"),
         "tp_share": derived(inside.time_breakdown_s["tp"] / inside.time_breakdown_s["compute"],
