@@ -1,8 +1,11 @@
 # minipar: two commands on a fresh machine with Python 3.11.
-#   make book   build the Jupyter Book into _build/html (executes the notebooks, cached)
+#   make book   build the Jupyter Book into _build/html (from the notebooks' saved outputs)
 #   make test   run every test: unit, multi-process and the notebooks (nbval)
 # Both create .venv on first use. Also: make lab, make bench, make clean, and
-#   make test-html   open every page of the built book in headless Chromium (after make book)
+#   make test-html       open every page of the built book in headless Chromium (after make
+#                        book; needs Node and Chromium)
+#   make test-notebooks  only the notebooks (CI runs them again on ATen's portable kernels)
+#   make notebooks       re-run the notebooks and save their outputs (after editing one)
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV   := .venv
@@ -15,7 +18,7 @@ BOOK_FLAGS ?= -W --keep-going
 # Extra flags for pytest, e.g. `make test PYTEST_FLAGS="-m 'not slow'"`.
 PYTEST_FLAGS ?=
 
-.PHONY: venv test book test-html vendor-mathjax lab bench clean distclean
+.PHONY: venv test test-notebooks notebooks book test-html vendor-mathjax lab bench clean distclean
 
 venv: $(STAMP)
 
@@ -29,10 +32,23 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # One pytest run over tests/ and notebooks/ so the summary counts everything and either
-# kind of failure fails the target.
+# kind of failure fails the target. nbval re-runs each notebook and compares its outputs
+# with the saved ones: text and numbers after notebooks/sanitize.cfg, never the bytes of a
+# picture (notebooks/conftest.py).
+NBVAL := --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 test: $(STAMP)
-	$(BIN)/python -m pytest tests/ notebooks/ --nbval \
-	    --nbval-sanitize-with notebooks/sanitize.cfg $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest tests/ notebooks/ $(NBVAL) $(PYTEST_FLAGS)
+
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest notebooks/ $(NBVAL) $(PYTEST_FLAGS)
+
+# The book shows the outputs saved in the notebooks (`make test` proves a fresh run prints
+# the same), so after editing a notebook, run it again: `make notebooks` (all) or
+# `make notebooks NB=notebooks/fourd.ipynb`, or Run All in JupyterLab and save.
+NB ?= notebooks/*.ipynb
+notebooks: $(STAMP)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=600 $(NB)
 
 book: $(STAMP)
 	$(BIN)/jupyter-book build . $(BOOK_FLAGS)

@@ -211,17 +211,14 @@ def meaning_changes(manifest: dict, cfg) -> dict:
 
 
 def check_flags(cfg) -> None:
-    """The rules of --save, --save-every and --resume (TrainConfig.validate calls this)."""
-    if cfg.save_every < 0:
-        raise ConfigError(f"--save-every {cfg.save_every} must be >= 0 (0: save only at the end)")
-    if cfg.save_every and not cfg.save:
-        raise ConfigError(f"--save-every {cfg.save_every} needs --save DIR")
+    """What --save and --resume name on disk, before any rank starts (`preflight.check_run`;
+    the flags' own rules, --save-every's among them, are `TrainConfig.problems`)."""
     if cfg.save and os.path.exists(cfg.save) and not os.path.isdir(cfg.save):
         raise ConfigError(f"--save {cfg.save} is a file, not a directory")
     if cfg.resume is not None:
         manifest = check_resume(cfg.resume, cfg.model_config(), cfg.steps)
         changes = meaning_changes(manifest, cfg)
-        if changes and not getattr(cfg, "resume_allow_change", False):
+        if changes and not cfg.resume_allow_change:
             what = ", ".join(f"{flag} {_short(old)} (now {_short(new)})"
                              for flag, (old, new) in changes.items())
             raise CheckpointError(f"--resume {cfg.resume}: the checkpoint was trained with "

@@ -1,37 +1,76 @@
-"""The command line of `python -m minipar.train`: flags generated from the config dataclasses.
+"""Command lines generated from the config dataclasses: `python -m minipar.train`'s, and the
+cost model's layout flags.
 
-Chapter "From a laptop to a cluster". Every flag is a field of `ParallelConfig` or
+Chapter "One model, sixteen thousand GPUs". Every flag is a field of `ParallelConfig` or
 `TrainConfig` (`config.opt`): its name, type, default and help are written once, there.
-A bad flag is one line on stderr naming it, and exit status 2, before any rank starts.
+`add_flags` makes a parser group of a dataclass's fields (another command may declare its
+own defaults for them), `from_flags` reads them back. A bad flag is one line on stderr
+naming it, and exit status 2 (`Parser`), before any rank starts. Torch-free: the cost
+model builds its command line here too.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
-import sys
+from dataclasses import dataclass, fields
 
-from . import launch
-from .config import ParallelConfig, TrainConfig, add_flags, from_flags
-from .launch import STOP_SIGNALS, Stopped
+from .config import ParallelConfig, TrainConfig, flag_of
 
 PROG = "python -m minipar.train"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):   # one line naming the flag, exit 2, no usage dump
-        self.exit(2, f"{self.prog}: error: {message}\n")
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr, `PROG: error: ...` (a subclass may
+    leave out the PROG), and exit status 2: no usage block to scroll past."""
+
+    prog_in_errors = True
+
+    def error(self, message):
+        self.exit(2, f"{self.prog + ': ' if self.prog_in_errors else ''}error: {message}\n")
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A command's default left to the program: None on the command line, chosen later from
+    the other flags; `how` says how (in --help). A switch chosen so becomes --x / --no-x."""
+
+    how: str
+
+
+def add_flags(group, cls, only=None, defaults: dict | None = None) -> None:
+    """One flag per `opt` field of dataclass `cls` (or of those named in `only`, in that
+    order), typed by the field, with its default and help. `defaults` replaces a field's
+    default for this command: {name: value}, or {name: Chosen(how)}."""
+    by_name, defaults = {f.name: f for f in fields(cls) if "help" in f.metadata}, defaults or {}
+    for name in only or by_name:
+        meta, default = dict(by_name[name].metadata), by_name[name].default
+        flag = meta.pop("flag", flag_of(name))
+        if name in defaults:        # this command's own default, said in its help
+            default = defaults[name]
+            meta["help"] += f" (default: {getattr(default, 'how', default)})"
+            default = None if isinstance(default, Chosen) else default
+        if isinstance(by_name[name].default, bool):
+            action = (argparse.BooleanOptionalAction if default is None else
+                      "store_false" if default else "store_true")
+            group.add_argument(flag, dest=name, action=action, default=default, **meta)
+        else:
+            meta.setdefault("type", type(by_name[name].default))
+            group.add_argument(flag, dest=name, default=default, **meta)
+
+
+def from_flags(cls, ns: argparse.Namespace, **extra):
+    """The dataclass `cls` from parsed flags (its `opt` fields) and `extra` fields."""
+    given = {f.name: getattr(ns, f.name) for f in fields(cls) if "help" in f.metadata}
+    return cls(**given, **extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                description="Train a Llama-style model on tp*cp*pp*dp ranks: local gloo "
-                            "processes, or the torchrun world.",
-                epilog="Signals: SIGTERM or Ctrl-C stops every rank at the next step boundary "
-                       "(with --save, after a checkpoint there; a second Ctrl-C stops at once), "
-                       "one line, exit 128+signal (143, 130). Under torchrun, start the agent "
-                       "as `python -m minipar.torchrun` (torchrun's flags) for the same.")
+    p = Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+               description="Train a Llama-style model on tp*cp*pp*dp ranks: local gloo "
+                           "processes, or the torchrun world.",
+               epilog="Signals: SIGTERM or Ctrl-C stops every rank at the next step boundary "
+                      "(with --save, after a checkpoint there; a second Ctrl-C stops at once), "
+                      "one line, exit 128+signal (143, 130). Under torchrun, start the agent "
+                      "as `python -m minipar.torchrun` (torchrun's flags) for the same.")
     add_flags(p.add_argument_group("layout (ParallelConfig)"), ParallelConfig)
     add_flags(p.add_argument_group("run (TrainConfig)"), TrainConfig)
     return p
@@ -41,73 +80,3 @@ def parse(argv=None) -> TrainConfig:
     """The run the flags describe (exits 2 on a malformed flag)."""
     ns = build_parser().parse_args(argv)
     return from_flags(TrainConfig, ns, parallel=from_flags(ParallelConfig, ns))
-
-
-def error(e: Exception, status: int = 2, detail: bool = False, prefix: str = "error: ") -> int:
-    """Print `e`'s first line as the CLI's error (and, with `detail`, the rest); return
-    the exit status."""
-    first, *rest = str(e).splitlines() or [""]
-    print(f"{PROG}: {prefix}{first}", file=sys.stderr)
-    if detail and rest:
-        print("\n".join(rest), file=sys.stderr)
-    return status
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """While no rank runs (checks, restarts), SIGTERM and SIGINT end the command at once
-    with `launch.Stopped`: one line, not a KeyboardInterrupt traceback. While ranks run,
-    the launcher's own handlers take over (they pass the signal on to the ranks)."""
-    def stop(signum, frame):
-        raise Stopped(signum, f"stopped by {signal.Signals(signum).name} before any rank started")
-    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-def report_end(ended: dict, rank0: bool = True) -> int:
-    """The one line of a run that ended early, on stderr; its exit status: 128 + signal
-    for a stop (143 SIGTERM, 130 SIGINT), 1 for a non-finite step."""
-    if ended["reason"] == "nonfinite":
-        if rank0:
-            print(f"{PROG}: error: {ended['message']}", file=sys.stderr)
-        return 1
-    name = signal.Signals(ended["signal"]).name
-    if ended["checkpoint"]:
-        saved = f"checkpoint saved to {ended['checkpoint']} (continue with --resume)"
-    else:
-        saved = "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)"
-    if rank0:
-        say(f"{PROG}: stopped by {name} after {ended['step']} steps, every rank at the same "
-            f"step boundary; {saved}")
-    return 128 + ended["signal"]
-
-
-# Set by `python -m minipar.torchrun` for its workers: rank 0 leaves its one line of a
-# stopped run in this file, and the agent prints it once its workers are gone, so that
-# a signal to the agent ends with that one line (not rank 0's line and then the agent's).
-END_LINE_ENV = "MINIPAR_END_LINE_FILE"
-
-
-def say(line: str) -> None:
-    """The stopped run's one line: on stderr, or to the torchrun wrapper's file."""
-    path = os.environ.get(END_LINE_ENV)
-    if path and launch.in_torchrun():
-        with open(path, "w") as f:
-            f.write(line + "\n")
-    else:
-        print(line, file=sys.stderr)
-
-
-def print_summary(out: dict) -> None:
-    """The last step's loss, gradient norm and throughput (rank 0 only has records)."""
-    recs = out["records"]
-    if not recs:
-        return
-    last = recs[-1]
-    restarts = f"  (after {len(out['failures'])} restart(s))" if out.get("failures") else ""
-    print(f"step {last['step']}: loss {last['loss']:.6f}  grad_norm {last['grad_norm']:.4f}  "
-          f"{last['tokens_per_s']:.0f} tokens/s" + restarts)

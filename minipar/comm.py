@@ -20,13 +20,13 @@ returns the result, whatever the collective. The autograd-aware collectives buil
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from . import events
 from .formulas.collectives import wire_bytes
 
 
@@ -60,32 +60,25 @@ class OpStats:
     calls: int = 0
     payload_bytes: int = 0
     wire_bytes: int = 0
-    seconds: float = 0.0
 
 
 class CommLog:
-    """Per-process record of communication, grouped by axis and op."""
+    """Per-process count of communication, grouped by axis and op."""
 
     def __init__(self):
         self.stats: dict[tuple[str, str], OpStats] = defaultdict(OpStats)
         self.enabled = True
-        # --profile: a profile.Recorder, given one span for every collective counted here
-        self.tracer = None
 
-    def record(self, axis: str, op: str, n: int, payload: int, full: int, seconds: float = 0.0):
-        """Count one collective, called right after it was posted (`seconds` after it
-        began). Returns its trace span while --profile records (else None): a `Handle`
-        given it ends the span when the collective completes."""
+    def record(self, axis: str, op: str, n: int, payload: int, full: int) -> bool:
+        """Count one collective over n ranks (`full`: the size the ring formula takes).
+        False while `paused`: then the collective is neither counted nor traced."""
         if not self.enabled:
-            return None
+            return False
         st = self.stats[(axis, op)]
         st.calls += 1
         st.payload_bytes += payload
         st.wire_bytes += wire_bytes(op, n, full)
-        st.seconds += seconds
-        if self.tracer is not None:
-            return self.tracer.collective(axis, op, payload, wire_bytes(op, n, full), seconds)
-        return None
+        return True
 
     def reset(self):
         self.stats.clear()
@@ -105,14 +98,20 @@ class CommLog:
 LOG = CommLog()
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def nbytes(*tensors) -> int:
+    """The bytes of the tensors given (a None counts nothing)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _timed(fn, *args, **kw):
-    t0 = time.perf_counter()
-    out = fn(*args, **kw)
-    return out, time.perf_counter() - t0
+def _run(collective, axis: Axis, name: str, payload: int, full: int, /, *args, async_op=False,
+         **kw):
+    """Start one collective over `axis`; count it in `LOG` and note it in the event stream."""
+    start = events.now()
+    work = collective(*args, group=axis.group, async_op=async_op, **kw)
+    if LOG.record(axis.log_as, name, axis.size, payload, full):
+        events.collective(axis.log_as, name, axis.ranks, payload,
+                          wire_bytes(name, axis.size, full), start, work if async_op else None)
+    return work
 
 
 # ------------------------------------------------------------------- plain collectives
@@ -130,9 +129,9 @@ def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum", async_op: bool = Fa
     """In-place all-reduce of `t` over `axis`: returns `t`, or a `Handle` with async_op."""
     if axis.size == 1:
         return Handle(result=t) if async_op else t
-    work, sec = _timed(dist.all_reduce, t, op=_OPS[op], group=axis.group, async_op=async_op)
-    span = LOG.record(axis.log_as, "all_reduce", axis.size, _nbytes(t), _nbytes(t), sec)
-    return Handle([work], result=t, spans=[span]) if async_op else t
+    work = _run(dist.all_reduce, axis, "all_reduce", nbytes(t), nbytes(t), t, op=_OPS[op],
+                async_op=async_op)
+    return Handle([work], result=t) if async_op else t
 
 
 def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
@@ -142,9 +141,9 @@ def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False
         return Handle(result=t) if async_op else t
     inp = t.movedim(dim, 0).contiguous()
     out = torch.empty((axis.size * inp.shape[0], *inp.shape[1:]), dtype=t.dtype, device=t.device)
-    work, sec = _timed(_all_gather_flat, out, inp, group=axis.group, async_op=async_op)
-    span = LOG.record(axis.log_as, "all_gather", axis.size, _nbytes(inp), _nbytes(out), sec)
-    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim), spans=[span])
+    work = _run(_all_gather_flat, axis, "all_gather", nbytes(inp), nbytes(out), out, inp,
+                async_op=async_op)
+    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
     return handle if async_op else handle.wait()
 
 
@@ -157,18 +156,17 @@ def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = F
                          f"is not divisible by {axis.size}")
     inp = t.movedim(dim, 0).contiguous()
     out = torch.empty((inp.shape[0] // axis.size, *inp.shape[1:]), dtype=t.dtype, device=t.device)
-    work, sec = _timed(_reduce_scatter_flat, out, inp, group=axis.group, async_op=async_op)
-    span = LOG.record(axis.log_as, "reduce_scatter", axis.size, _nbytes(inp), _nbytes(inp), sec)
-    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim), spans=[span])
+    work = _run(_reduce_scatter_flat, axis, "reduce_scatter", nbytes(inp), nbytes(inp), out,
+                inp, async_op=async_op)
+    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
     return handle if async_op else handle.wait()
 
 
 def broadcast(t: torch.Tensor, axis: Axis, src_index: int = 0):
     """Copy the tensor of the rank at position `src_index` of `axis` to all its ranks."""
-    if axis.size == 1:
-        return t
-    _, sec = _timed(dist.broadcast, t, src=axis.global_rank(src_index), group=axis.group)
-    LOG.record(axis.log_as, "broadcast", axis.size, _nbytes(t), _nbytes(t), sec)
+    if axis.size > 1:
+        _run(dist.broadcast, axis, "broadcast", nbytes(t), nbytes(t), t,
+             src=axis.global_rank(src_index))
     return t
 
 
@@ -183,8 +181,7 @@ def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
                          f"{t.shape[split_dim]} is not divisible by {axis.size}")
     inp = torch.stack(t.chunk(axis.size, dim=split_dim)).contiguous()   # [n, piece...]
     out = torch.empty_like(inp)
-    _, sec = _timed(dist.all_to_all_single, out, inp, group=axis.group)
-    LOG.record(axis.log_as, "all_to_all", axis.size, _nbytes(inp), _nbytes(inp), sec)
+    _run(dist.all_to_all_single, axis, "all_to_all", nbytes(inp), nbytes(inp), out, inp)
     return torch.cat(out.unbind(0), dim=concat_dim)
 
 
@@ -192,44 +189,17 @@ class Handle:
     """A collective in flight. `wait()` blocks until it has arrived and returns its result
     (the reduced tensor, the gathered one, the received buffers). Waiting twice is harmless:
     the works are dropped after the first wait (a second wait on a gloo receive would wait
-    for another message).
+    for another message)."""
 
-    `spans`: the trace spans (`CommLog.record`'s, under --profile) of the collectives in
-    flight: each ends when its collective completes, or else when the wait returns."""
-
-    def __init__(self, works=(), result=None, finish=None, spans=()):
+    def __init__(self, works=(), result=None, finish=None):
         self.works, self._result, self._finish = list(works), result, finish
-        self.spans = [s for s in spans if s is not None] if self.works else []
-        for s in self.spans:
-            s["end"], s["args"]["blocking"] = None, False
-        future = self.get_future() if self.spans else None
-        if future is not None:      # told the moment it completes, before anyone waits
-            future.add_done_callback(lambda _: self._ended(time.perf_counter_ns()))
-
-    def _ended(self, t: int):
-        for s in self.spans:
-            s["end"] = t if s["end"] is None else min(s["end"], t)
 
     def wait(self):
-        t0 = time.perf_counter_ns()
-        for w in self.works:
-            w.wait()
-        if self.works and self.spans:
-            self._ended(time.perf_counter_ns())
-            if LOG.tracer is not None:
-                LOG.tracer.waited(self.spans, t0, time.perf_counter_ns())
-        self.works, self.spans = [], []
+        with events.waiting(self.works):        # a trace sees how long this rank waited
+            for w in self.works:
+                w.wait()
+        self.works = []
         return self._finish() if self._finish is not None else self._result
-
-    def get_future(self):
-        """The torch future of a single collective, to be told when it completes (before
-        anyone waits); None where the backend gives none (gloo's reduce-scatter)."""
-        if len(self.works) != 1:
-            return None
-        try:
-            return self.works[0].get_future()
-        except (AttributeError, RuntimeError):
-            return None
 
 
 # ---------------------------------------------------------------------------- p2p
@@ -244,32 +214,20 @@ def exchange(sends=(), recvs=(), axis_name: str = "pp"):
     exchange_async(sends, recvs, axis_name).wait()
 
 
-def _p2p_ops(sends, recvs):
-    """P2POps for [(tensor, peer)] or [(tensor, peer, tag)]: sends first, then receives."""
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
-           for t, peer, *tag in sends]
-    return ops + [dist.P2POp(dist.irecv, t, peer, tag=tag[0] if tag else 0)
-                  for t, peer, *tag in recvs]
-
-
-def _p2p_span(span, peer: int, tag: list):
-    # the trace pairs each send with its receive (gloo tells neither end when a message
-    # has arrived; the receiver's wait does)
-    if span is not None:
-        span["args"].update(peer=peer, tag=tag[0] if tag else 0)
-    return span
-
-
 def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
     """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
     buffers (the caller keeps each sent tensor alive until then)."""
-    ops = _p2p_ops(sends, recvs)
-    spans = [_p2p_span(LOG.record(axis_name, "send", 2, _nbytes(t), _nbytes(t)), peer, tag)
-             for t, peer, *tag in sends]
-    spans += [_p2p_span(LOG.record(axis_name, "recv", 2, _nbytes(t), _nbytes(t)), peer, tag)
-              for t, peer, *tag in recvs]
-    return Handle(dist.batch_isend_irecv(ops) if ops else [], result=[t for t, *_ in recvs],
-                  spans=spans)
+    start, me = events.now(), dist.get_rank()
+    ops = [(dist.isend, "send", t.contiguous(), peer, tag[0] if tag else 0) for t, peer, *tag in sends]
+    ops += [(dist.irecv, "recv", t, peer, tag[0] if tag else 0) for t, peer, *tag in recvs]
+    works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer, tag=tag) for fn, _, t, peer, tag in ops]) if ops else []
+    for i, (_, op, t, peer, tag) in enumerate(ops):
+        work = works[i] if len(works) == len(ops) else works[0]     # NCCL coalesces them
+        if LOG.record(axis_name, op, 2, nbytes(t), nbytes(t)):
+            # the trace pairs each send with its receive by (sender, receiver, tag)
+            events.collective(axis_name, op, sorted((me, peer)), nbytes(t),
+                              wire_bytes(op, 2, nbytes(t)), start, work, peer=peer, tag=tag)
+    return Handle(works, result=[t for t, *_ in recvs])
 
 
 # ------------------------------------------------------- the ring algorithm, by hand

@@ -1,52 +1,76 @@
 """What to train and how to split it: `ModelConfig`, `ParallelConfig`, `TrainConfig`.
 
-Chapter "From a laptop to a cluster" (and every axis chapter for its own knobs). All three
-are plain dataclasses, so the cost model, the book and the tests can reason about a run
-without starting a process. Each default is written once, here, with its help text: the
-command line of `python -m minipar.train` is generated from these fields (`add_flags`,
-`from_flags`). `problems()` are the rules a configuration must obey; the CLI checks them
-before any rank is launched.
+Chapter "One model, sixteen thousand GPUs". Three plain dataclasses, so that the cost model,
+the book and the tests can reason about a run without starting a process. A reader meets
+them one at a time: the model's shape (`ModelConfig` and its presets, Llama 3 405B among
+them) here, beside the Llama it describes; the layout (`ParallelConfig`: the degree of each
+of the four axes and each axis's knobs) in "Four dimensions at once", once every axis has
+had its chapter; the run's own flags (`TrainConfig`: steps, learning rate, files, restarts)
+in "From a laptop to a cluster".
+
+Each default is written once, here, with its help text (`opt`): `cli.py` generates the
+command lines from these fields. `problems()` are the rules a configuration must obey, each
+written once and returned as `Problem`s: the line a user reads, with the flag it names and
+the rule's name for code that must tell rules apart. The command line refuses a run that
+breaks one, in one line, before any rank starts.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 
+class Problem(str):
+    """One broken rule. A `Problem` *is* the line a user reads (a str: it prints, joins and
+    compares as that line), and carries what code may ask instead of reading the words: the
+    `flag` it names, the `rule` (a short name) and the `values` it compared."""
+
+    def __new__(cls, line: str, flag: str = "", rule: str = "", **values):
+        self = super().__new__(cls, line)
+        self.flag, self.rule, self.values = flag, rule, values
+        return self
+
+
 class ConfigError(ValueError):
-    """A configuration breaks a rule. The message names the flag (or field) and the rule."""
+    """A configuration breaks one rule or more: its message is their lines joined by "; ",
+    each naming the flag (or field) and the rule; `problems` holds them one by one."""
+
+    def __init__(self, *problems: str):
+        super().__init__(*problems)
+        self.problems = list(problems)
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
 
 
 def opt(default, help: str, **argparse_kw):
     """A field that is also a command-line flag, `--name-with-dashes`, typed by its default
     (give `type=` when the default is None). A bool is a switch; `flag="--no-x"` turns a
-    True default off."""
+    True default off. `cli.add_flags` reads these."""
     return field(default=default, metadata={"help": help, **argparse_kw})
 
 
-def add_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per `opt` field of dataclass `cls`, with its default and help."""
-    for f in fields(cls):
-        meta = dict(f.metadata)
-        if "help" not in meta:
-            continue
-        name = meta.pop("flag", "--" + f.name.replace("_", "-"))
-        if isinstance(f.default, bool):
-            action = "store_false" if f.default else "store_true"
-            parser.add_argument(name, dest=f.name, action=action, default=f.default, **meta)
-        else:
-            meta.setdefault("type", type(f.default))
-            parser.add_argument(name, dest=f.name, default=f.default, **meta)
+def flag_of(name: str) -> str:
+    """The flag of a field: `virtual_stages` -> `--virtual-stages`."""
+    return "--" + name.replace("_", "-")
 
 
-def from_flags(cls, ns: argparse.Namespace, **extra):
-    """The dataclass `cls` from parsed flags (its `opt` fields) and `extra` fields."""
-    given = {f.name: getattr(ns, f.name) for f in fields(cls) if "help" in f.metadata}
-    return cls(**given, **extra)
+def positive(**counts: int) -> list[Problem]:
+    """Each count (named by its field) below 1."""
+    return [Problem(f"{flag_of(k)} {n} must be a positive integer", flag_of(k), "positive", **{k: n})
+            for k, n in counts.items() if n < 1]
+
+
+def broken(*rules) -> list[Problem]:
+    """The problems of the rules that do not hold, each given as (broken?, flag, rule, line)."""
+    return [Problem(line, flag, rule) for bad, flag, rule, line in rules if bad]
+
+
+def unknown(flag: str, value, choices) -> Problem:
+    """A value outside its vocabulary."""
+    return Problem(f"{flag} {value!r} is unknown; choose one of {', '.join(map(str, choices))}",
+                   flag, "unknown", value=value)
 
 
 @dataclass(frozen=True)
@@ -75,83 +99,6 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
-    def problems(self) -> list[str]:
-        """Rules of the architecture itself, independent of any layout."""
-        out = []
-        for f in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
-            if getattr(self, f) <= 0:
-                out.append(f"{f}={getattr(self, f)} must be positive")
-        if out:
-            return out
-        if self.dim % self.n_heads:
-            out.append(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        elif self.head_dim % 2:
-            out.append(f"head_dim={self.head_dim} must be even for RoPE")
-        if self.n_heads % self.n_kv_heads:
-            out.append(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
-        return out
-
-    @classmethod
-    def preset(cls, name: str) -> "ModelConfig":
-        if name not in PRESETS:
-            raise ConfigError(f"--model {name!r} is unknown; choose one of {', '.join(PRESETS)}")
-        return PRESETS[name]
-
-    @classmethod
-    def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
-        """Build from the keys of a Hugging Face `LlamaConfig` (its `to_dict()` or config.json).
-        A field this model does not implement is a `ConfigError` naming it (`hf_problems`):
-        better no run than a quiet run of another model."""
-        out = hf_problems(hf)
-        if out:
-            raise ConfigError(f"{source}: {'; '.join(out)}")
-        heads = hf["num_attention_heads"]
-        return cls(
-            n_layers=hf["num_hidden_layers"],
-            dim=hf["hidden_size"],
-            n_heads=heads,
-            n_kv_heads=hf.get("num_key_value_heads") or heads,
-            ffn_dim=hf["intermediate_size"],
-            vocab_size=hf["vocab_size"],
-            max_seq_len=hf.get("max_position_embeddings", 2048),
-            rope_theta=float(hf_rope(hf).get("rope_theta", 10000.0)),
-            **llama3_rope_fields(hf_rope(hf)),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            name=hf.get("_name_or_path") or "hf",
-        )
-
-    @classmethod
-    def from_hf_dir(cls, path: str) -> "ModelConfig":
-        """The model of a Hugging Face directory, from its config.json (`--init-hf DIR`)."""
-        file = os.path.join(path, "config.json")
-        if not os.path.isdir(path):
-            raise ConfigError(f"--init-hf {path}: no such directory")
-        try:
-            with open(file) as f:
-                hf = json.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"--init-hf {path}: no config.json in the directory") from None
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"--init-hf {file}: unreadable: {str(e).splitlines()[0]}") from None
-        return cls.from_hf(hf, source=f"--init-hf {file}")
-
-    def to_hf(self) -> dict:
-        """The inverse of `from_hf`: keys a Hugging Face `LlamaConfig(**d)` accepts."""
-        return dict(
-            num_hidden_layers=self.n_layers, hidden_size=self.dim,
-            num_attention_heads=self.n_heads, num_key_value_heads=self.n_kv_heads,
-            intermediate_size=self.ffn_dim, vocab_size=self.vocab_size,
-            max_position_embeddings=self.max_seq_len, rope_theta=self.rope_theta,
-            rms_norm_eps=self.norm_eps, tie_word_embeddings=self.tie_embeddings,
-            hidden_act="silu", attention_bias=False, mlp_bias=False,
-            rope_scaling=None if self.llama3_rope is None else dict(
-                rope_type="llama3", factor=self.rope_factor,
-                low_freq_factor=self.rope_low_freq_factor,
-                high_freq_factor=self.rope_high_freq_factor,
-                original_max_position_embeddings=self.rope_original_max_len),
-        )
-
     @property
     def llama3_rope(self) -> tuple[float, float, float, int] | None:
         """(factor, low_freq_factor, high_freq_factor, original context) or None: plain RoPE."""
@@ -160,65 +107,24 @@ class ModelConfig:
         return (self.rope_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
                 self.rope_original_max_len)
 
+    def problems(self) -> list[Problem]:
+        """Rules of the architecture itself, independent of any layout."""
+        sizes = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+        out = broken(*((getattr(self, k) <= 0, k, "positive", f"{k}={getattr(self, k)} must be "
+                        "positive") for k in sizes))
+        return out or broken(
+            (self.dim % self.n_heads, "dim", "heads",
+             f"dim={self.dim} must be divisible by n_heads={self.n_heads}"),
+            (not self.dim % self.n_heads and self.head_dim % 2, "dim", "rope",
+             f"head_dim={self.head_dim} must be even for RoPE"),
+            (self.n_heads % self.n_kv_heads, "n_kv_heads", "groups",
+             f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}"))
 
-# The Hugging Face config.json fields that must be present, and the values minipar's Llama
-# implements of those that change the architecture. Anything else is another model.
-HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-               "vocab_size")
-HF_SUPPORTED = {
-    "model_type": ("llama",),
-    "hidden_act": ("silu",),                # SwiGLU's gate
-    "attention_bias": (False,),
-    "mlp_bias": (False,),
-    "attention_dropout": (0, 0.0),          # minipar has no dropout
-}
-
-
-def hf_rope(hf: dict) -> dict:
-    """The rotary embedding's parameters: transformers 5's `rope_parameters`, or the older
-    top-level `rope_theta` and `rope_scaling`."""
-    rope = dict(hf.get("rope_parameters") or {})
-    if hf.get("rope_scaling"):
-        rope = {**hf["rope_scaling"], **rope}
-    if "rope_theta" in hf and "rope_theta" not in rope:
-        rope["rope_theta"] = hf["rope_theta"]
-    return rope
-
-
-LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
-                    "original_max_position_embeddings")
-
-
-def llama3_rope_fields(rope: dict) -> dict:
-    """ModelConfig's fields for Llama 3.1's RoPE scaling, from Hugging Face's parameters."""
-    if rope.get("rope_type", rope.get("type")) != "llama3":
-        return {}
-    return dict(rope_factor=float(rope["factor"]),
-                rope_low_freq_factor=float(rope["low_freq_factor"]),
-                rope_high_freq_factor=float(rope["high_freq_factor"]),
-                rope_original_max_len=int(rope["original_max_position_embeddings"]))
-
-
-def hf_problems(hf: dict) -> list[str]:
-    """Each field of a Hugging Face Llama config that this model does not implement."""
-    out = [f"missing field {k!r}" for k in HF_REQUIRED if k not in hf]
-    for key, allowed in HF_SUPPORTED.items():
-        if key in hf and hf[key] not in allowed:
-            out.append(f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})")
-    arch = hf.get("architectures")
-    if arch and arch != ["LlamaForCausalLM"]:
-        out.append(f"architectures={arch} is not supported (only LlamaForCausalLM)")
-    rope_type = hf_rope(hf).get("rope_type", hf_rope(hf).get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        out.append(f"rope_scaling: rope_type={rope_type!r} is not supported (plain RoPE, or "
-                   "Llama 3.1's 'llama3')")
-    elif rope_type == "llama3":
-        out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE_KEYS
-                if k not in hf_rope(hf)]
-    if "hidden_size" in hf and "num_attention_heads" in hf and hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
-        out.append(f"head_dim={hf['head_dim']} is not supported: minipar's is hidden_size / "
-                   f"num_attention_heads = {hf['hidden_size'] // hf['num_attention_heads']}")
-    return out
+    @classmethod
+    def preset(cls, name: str, flag: str = "--model") -> "ModelConfig":
+        if name not in PRESETS:
+            raise ConfigError(unknown(flag, name, PRESETS))
+        return PRESETS[name]
 
 
 # `tiny` is sized for a 2-core laptop and chosen so that every layout with tp, cp, pp, dp in
@@ -245,9 +151,30 @@ PRESETS: dict[str, ModelConfig] = {
                                rope_theta=500000.0, name="llama3-405b"),
 }
 
+
+# The layout's vocabularies, each written once: the rules below, the flags' help, the cost
+# model and the axis files all read these.
 SCHEDULES = ("afab", "1f1b", "interleaved", "zb")
 CP_IMPLS = ("ring", "allgather", "ulysses")
 RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def schedule_problems(schedule: str, pp: int, microbatches: int, virtual_stages: int) -> list[Problem]:
+    """The rules of a pipeline schedule: the layout's, and `parallel.schedules.make_schedule`'s
+    (which waives rule "groups" when it is given a group size of its own)."""
+    if schedule not in SCHEDULES:
+        return [unknown("--schedule", schedule, SCHEDULES)]
+    out = []
+    if virtual_stages > 1 and schedule != "interleaved":
+        out.append(Problem(f"--virtual-stages {virtual_stages} needs --schedule interleaved "
+                           f"(schedule {schedule!r} has one chunk per rank)",
+                           "--virtual-stages", "chunks", virtual_stages=virtual_stages))
+    if schedule == "interleaved" and pp > 1 and microbatches % pp:
+        out.append(Problem(f"--schedule interleaved needs --microbatches ({microbatches}) to be "
+                           f"a multiple of --pp {pp}: micro-batches go through each chunk in "
+                           "groups of pp", "--schedule", "groups", microbatches=microbatches, pp=pp))
+    return out
 
 
 @dataclass(frozen=True)
@@ -288,104 +215,89 @@ class ParallelConfig:
     def world_size(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
-    def problems(self, model: ModelConfig, seq_len: int, global_batch: int) -> list[str]:
-        """Every rule this layout breaks for this model and batch, one line each."""
-        out = self._count_problems(seq_len, global_batch)
+    def problems(self, model: ModelConfig, seq_len: int, global_batch: int,
+                 end_stages: int = 0) -> list[Problem]:
+        """Every rule this layout breaks for this model and batch, one line each.
+        `end_stages`: pipeline stages that may hold no layer. The trainer's split gives every
+        stage one (0); the cost model's, Llama 3's, may give the embedding and the head a
+        stage each (2)."""
+        out = positive(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp,
+                       microbatches=self.microbatches, virtual_stages=self.virtual_stages,
+                       seq_len=seq_len, global_batch=global_batch)
         if out:
             return out
         return (self._choice_problems() + self._tensor_problems(model, seq_len)
-                + self._batch_problems(model, seq_len, global_batch)
-                + self._pipeline_problems(model))
+                + self._ulysses_problems(model) + self._batch_problems(model, seq_len, global_batch)
+                + self._pipeline_problems(model, end_stages))
 
-    def _count_problems(self, seq_len: int, global_batch: int) -> list[str]:
-        counts = {f"--{f}": getattr(self, f) for f in ("tp", "cp", "pp", "dp")}
-        counts.update({"--microbatches": self.microbatches,
-                       "--virtual-stages": self.virtual_stages,
-                       "--seq-len": seq_len, "--global-batch": global_batch})
-        return [f"{flag} {n} must be a positive integer" for flag, n in counts.items() if n < 1]
+    def _choice_problems(self) -> list[Problem]:
+        words = (("zero", ZERO_STAGES), ("cp_impl", CP_IMPLS), ("recompute", RECOMPUTE_MODES))
+        out = [unknown(flag_of(k), getattr(self, k), choices) for k, choices in words
+               if getattr(self, k) not in choices]
+        # `not 0 <= x`, never `x < 0`: NaN compares False with everything
+        out += broken((not 0 <= self.bucket_mb < math.inf, "--bucket-mb", "range",
+                       f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)"))
+        return out + schedule_problems(self.schedule, self.pp, self.microbatches,
+                                       self.virtual_stages)
 
-    def _choice_problems(self) -> list[str]:
-        out = []
-        if self.zero not in (0, 1, 2, 3):
-            out.append(f"--zero {self.zero} is unknown; choose 0, 1, 2 or 3")
-        if not 0 <= self.bucket_mb < math.inf:     # `nan < 0` is False: ask the positive
-            out.append(f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)")
-        if self.schedule not in SCHEDULES:
-            out.append(f"--schedule {self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-        if self.cp_impl not in CP_IMPLS:
-            out.append(f"--cp-impl {self.cp_impl!r} is unknown; choose one of {', '.join(CP_IMPLS)}")
-        if self.recompute not in RECOMPUTE_MODES:
-            out.append(f"--recompute {self.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
-        return out
+    def _tensor_problems(self, m: ModelConfig, seq_len: int) -> list[Problem]:
+        tp, cp, sp, local = self.tp, self.cp, self.sp, seq_len // self.cp
+        what = f"--seq-len {seq_len}" if cp == 1 else f"the per-CP-rank sequence {local}"
+        return broken(*((getattr(m, k) % tp, "--tp", "divides",
+                         f"--tp {tp} does not divide {k}={getattr(m, k)}")
+                        for k in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"))) + broken(
+            (sp and tp == 1, "--sp", "needs tp",
+             "--sp needs --tp > 1 (sequence parallelism shards along the TP group)"),
+            (cp > 1 and seq_len % (2 * cp), "--cp", "chunks", f"--cp {cp} needs --seq-len "
+             f"divisible by 2*cp={2 * cp} (load-balanced causal chunks); got {seq_len}"),
+            (sp and tp > 1 and local % tp and not (cp > 1 and seq_len % (2 * cp)), "--sp",
+             "slices", f"--sp needs {what} divisible by --tp {tp} (each TP rank keeps a slice "
+             "of the sequence)"),
+            (self.tp_overlap and not sp, "--tp-overlap", "needs sp",
+             "--tp-overlap needs --sp (it overlaps SP's all-gather and reduce-scatter)"),
+            (self.tp_overlap and self.pp > 1 and self.schedule == "zb", "--tp-overlap", "zb",
+             "--tp-overlap does not combine with --schedule zb (W would rerun the ring of each "
+             "collective matmul)"))
 
-    def _tensor_problems(self, m: ModelConfig, seq_len: int) -> list[str]:
-        out = [f"--tp {self.tp} does not divide {name}={getattr(m, name)}"
-               for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
-               if getattr(m, name) % self.tp]
-        if self.sp and self.tp == 1:
-            out.append("--sp needs --tp > 1 (sequence parallelism shards along the TP group)")
-        if self.cp > 1 and seq_len % (2 * self.cp):
-            out.append(f"--cp {self.cp} needs --seq-len divisible by 2*cp={2 * self.cp} "
-                       f"(load-balanced causal chunks); got {seq_len}")
-        elif self.sp and self.tp > 1 and (seq_len // self.cp) % self.tp:
-            what = f"--seq-len {seq_len}" if self.cp == 1 else \
-                f"the per-CP-rank sequence {seq_len // self.cp}"
-            out.append(f"--sp needs {what} divisible by --tp {self.tp} (each TP rank keeps a "
-                       "slice of the sequence)")
-        if self.tp_overlap and not self.sp:
-            out.append("--tp-overlap needs --sp (it overlaps SP's all-gather and reduce-scatter)")
-        if self.tp_overlap and self.pp > 1 and self.schedule == "zb":
-            out.append("--tp-overlap does not combine with --schedule zb (W would rerun the "
-                       "ring of each collective matmul)")
-        return out + self._ulysses_problems(m)
-
-    def _ulysses_problems(self, m: ModelConfig) -> list[str]:
+    def _ulysses_problems(self, m: ModelConfig) -> list[Problem]:
         """Ulysses trades sequence shards for head shards: each CP rank gets 1/cp of the
         TP rank's heads. KV heads fewer than cp are replicated (GQA), if cp is a multiple."""
-        if self.cp_impl != "ulysses" or self.cp == 1 or m.n_heads % self.tp or m.n_kv_heads % self.tp:
+        cp, tp, kv = self.cp, self.tp, m.n_kv_heads // self.tp
+        if self.cp_impl != "ulysses" or cp == 1 or m.n_heads % tp or m.n_kv_heads % tp:
             return []
-        out, kv = [], m.n_kv_heads // self.tp
-        if m.n_heads % (self.cp * self.tp):
-            out.append(f"--cp-impl ulysses needs n_heads={m.n_heads} divisible by cp*tp="
-                       f"{self.cp * self.tp} (each rank attends with a share of the heads)")
-        if kv % self.cp and self.cp % kv:
-            out.append(f"--cp-impl ulysses needs the KV heads per TP rank ({kv}) divisible by "
-                       f"--cp {self.cp}, or --cp a multiple of them (to replicate them)")
-        return out
+        return broken(
+            (m.n_heads % (cp * tp), "--cp-impl", "heads", f"--cp-impl ulysses needs n_heads="
+             f"{m.n_heads} divisible by cp*tp={cp * tp} (each rank attends with a share of the "
+             "heads)"),
+            (kv % cp and cp % kv, "--cp-impl", "kv heads", f"--cp-impl ulysses needs the KV "
+             f"heads per TP rank ({kv}) divisible by --cp {cp}, or --cp a multiple of them (to "
+             "replicate them)"))
 
-    def _batch_problems(self, m: ModelConfig, seq_len: int, global_batch: int) -> list[str]:
-        out = []
-        if seq_len > m.max_seq_len:
-            out.append(f"--seq-len {seq_len} exceeds the model's max_seq_len={m.max_seq_len}")
-        if global_batch % (self.dp * self.microbatches):
-            out.append(f"--global-batch {global_batch} is not divisible by dp*microbatches="
-                       f"{self.dp}*{self.microbatches}={self.dp * self.microbatches}"
-                       + (f" (--microbatches defaults to --pp {self.pp} with --schedule "
-                          "interleaved)" if self.schedule == "interleaved" and
-                          self.microbatches == self.pp > 1 else ""))
-        return out
+    def _batch_problems(self, m: ModelConfig, seq_len: int, global_batch: int) -> list[Problem]:
+        split = self.dp * self.microbatches
+        why = (f" (--microbatches defaults to --pp {self.pp} with --schedule interleaved)"
+               if self.schedule == "interleaved" and self.microbatches == self.pp > 1 else "")
+        return broken(
+            (seq_len > m.max_seq_len, "--seq-len", "positions",
+             f"--seq-len {seq_len} exceeds the model's max_seq_len={m.max_seq_len}"),
+            (global_batch % split, "--global-batch", "split", f"--global-batch {global_batch} "
+             f"is not divisible by dp*microbatches={self.dp}*{self.microbatches}={split}{why}"))
 
-    def _pipeline_problems(self, m: ModelConfig) -> list[str]:
-        out = []
-        if self.virtual_stages > 1 and self.schedule not in ("interleaved",):
-            out.append(f"--virtual-stages {self.virtual_stages} needs --schedule interleaved "
-                       f"(schedule {self.schedule!r} has one chunk per rank)")
-        if m.n_layers < self.pp * self.virtual_stages:
-            out.append(f"--pp {self.pp} x --virtual-stages {self.virtual_stages} = "
-                       f"{self.pp * self.virtual_stages} stages exceeds n_layers={m.n_layers}")
-        if self.pp > 1 and self.schedule == "interleaved" and self.microbatches % self.pp:
-            out.append(f"--schedule interleaved needs --microbatches ({self.microbatches}) "
-                       f"to be a multiple of --pp {self.pp}")
-        if self.virtual_stages > 1 and self.pp == 1:
-            out.append(f"--virtual-stages {self.virtual_stages} needs --pp > 1 "
-                       "(the chunks go round the pipeline ranks)")
-        return out
+    def _pipeline_problems(self, m: ModelConfig, end_stages: int) -> list[Problem]:
+        pp, v, most = self.pp, self.virtual_stages, m.n_layers + end_stages
+        limit = (f"n_layers + {end_stages} = {most} (embedding and head may take a stage each)"
+                 if end_stages else f"n_layers={m.n_layers}")
+        return broken(
+            (pp * v > most, "--pp", "stages",
+             f"--pp {pp} x --virtual-stages {v} = {pp * v} stages exceeds {limit}"),
+            (v > 1 and pp == 1, "--virtual-stages", "needs pp",
+             f"--virtual-stages {v} needs --pp > 1 (the chunks go round the pipeline ranks)"))
 
     def validate(self, model: ModelConfig, seq_len: int, global_batch: int) -> "ParallelConfig":
         """Raise `ConfigError` listing every broken rule; return self when all hold."""
         out = model.problems() + self.problems(model, seq_len, global_batch)
         if out:
-            raise ConfigError("; ".join(out))
+            raise ConfigError(*out)
         return self
 
     def replace(self, **kw) -> "ParallelConfig":
@@ -423,8 +335,6 @@ class TrainConfig:
     export_hf: str | None = opt(None, "at the end, write the model as a Hugging Face Llama "
                                       "directory (config.json + model.safetensors)", type=str)
     log_json: str | None = opt(None, "write one JSON object per step (JSON Lines)", type=str)
-    trace: str | None = opt(None, "write each rank's pipeline events as JSON (the pipeline "
-                                  "chapter's own format; --profile writes the full trace)", type=str)
     profile: str | None = opt(None, "write one Chrome/Perfetto trace of the whole job to "
                                     "DIR/trace.json (open it in ui.perfetto.dev) and print how "
                                     "much communication was hidden", type=str)
@@ -448,6 +358,9 @@ class TrainConfig:
                                            "--global-batch, --data or --seed than the "
                                            "checkpoint's (the log records the change)")
     progress: bool = opt(True, "no tqdm bar", flag="--no-progress")
+    # --init-hf's model, read from DIR/config.json by the Hugging Face chapter's code
+    # (`hf.with_model`, which `preflight.check_run` calls first); it replaces --model's.
+    init_model: ModelConfig | None = None
     peak_flops: float | None = None   # the device's peak, for MFU (measured when None)
     # Called on every rank as after_backward(step, chunks, dp, grid) once the step's
     # gradients are reduced, before clipping; what it returns (when not None) comes back in
@@ -455,57 +368,55 @@ class TrainConfig:
     after_backward: Callable | None = None
 
     def model_config(self) -> ModelConfig:
-        if self.init_hf:      # a Hugging Face directory brings its own shape
-            return ModelConfig.from_hf_dir(self.init_hf)
-        return ModelConfig.preset(self.model)
+        """The model this run trains: --init-hf's (once read), else --model's preset."""
+        if self.init_hf and self.init_model is None:
+            raise ConfigError(f"--init-hf {self.init_hf}: config.json not read yet (hf.with_model)")
+        return self.init_model or ModelConfig.preset(self.model)
 
-    def problems(self) -> list[str]:
+    def problems(self) -> list[Problem]:
         """The rules of the run itself (the layout's are ParallelConfig's)."""
-        out = [f"--{n.replace('_', '-')} {getattr(self, n)} must be >= 0"
-               for n in ("steps", "warmup_steps", "decay_steps") if getattr(self, n) < 0]
+        counts = ("steps", "warmup_steps", "decay_steps", "save_every", "max_restarts")
+        out = broken(*((getattr(self, k) < 0, flag_of(k), "range",
+                        f"{flag_of(k)} {getattr(self, k)} must be >= 0") for k in counts))
         if self.dtype not in DTYPES:
-            out.append(f"--dtype {self.dtype!r} is unknown; choose {', '.join(DTYPES)}")
-        return out + self._number_problems() + self._fault_problems()
+            out.append(unknown("--dtype", self.dtype, DTYPES))
+        return out + self._number_problems() + self._needs_problems()
 
-    def _number_problems(self) -> list[str]:
+    def _number_problems(self) -> list[Problem]:
         """Each real-valued flag finite and in its range. Written `not lo <= x <= hi`, never
         `x < lo`: NaN compares False with everything, so `nan < 0` would let it through."""
-        rules = [  # flag, value, ok, the rule
-            ("--lr", self.lr, 0 < self.lr <= MAX_LR,
+        rules = [  # field, ok, the rule
+            ("lr", 0 < self.lr <= MAX_LR,
              f"must be in (0, {MAX_LR:g}]: AdamW moves every weight by about lr per step"),
-            ("--weight-decay", self.weight_decay, 0 <= self.weight_decay < math.inf,
-             "must be finite and >= 0"),
-            ("--min-lr-ratio", self.min_lr_ratio, 0 <= self.min_lr_ratio <= 1,
-             "must be in [0, 1] (a fraction of --lr)"),
-            ("--clip", self.clip, 0 <= self.clip < math.inf, "must be finite and >= 0 (0 = off)"),
-            ("--timeout-s", self.timeout_s, 0 < self.timeout_s < math.inf,
-             "must be finite and positive"),
-            ("--stop-grace-s", self.stop_grace_s, 0 <= self.stop_grace_s < math.inf,
-             "must be finite and >= 0"),
-        ]
-        return [f"{flag} {value} {rule}" for flag, value, ok, rule in rules if not ok]
+            ("weight_decay", 0 <= self.weight_decay < math.inf, "must be finite and >= 0"),
+            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1] (a fraction of --lr)"),
+            ("clip", 0 <= self.clip < math.inf, "must be finite and >= 0 (0 = off)"),
+            ("timeout_s", 0 < self.timeout_s < math.inf, "must be finite and positive"),
+            ("stop_grace_s", 0 <= self.stop_grace_s < math.inf, "must be finite and >= 0")]
+        return broken(*((not ok, flag_of(k), "range", f"{flag_of(k)} {getattr(self, k)} {rule}")
+                        for k, ok, rule in rules))
 
-    def _fault_problems(self) -> list[str]:
-        out = []
-        if self.fail_rank is not None and self.fail_at_step is None:
-            out.append(f"--fail-rank {self.fail_rank} needs --fail-at-step K")
-        if self.fail_at_step is not None and not 0 <= self.fail_at_step < self.steps:
-            out.append(f"--fail-at-step {self.fail_at_step} must be a step of the run: "
-                       f"0..{self.steps - 1} (--steps {self.steps})")
-        rank, n = self.fail_rank or 0, self.parallel.world_size
-        if self.fail_at_step is not None and not 0 <= rank < n:
-            out.append(f"--fail-rank {rank} is not a rank of this layout (0..{n - 1})")
-        if self.max_restarts < 0:
-            out.append(f"--max-restarts {self.max_restarts} must be >= 0")
-        if self.max_restarts and not self.save:
-            out.append(f"--max-restarts {self.max_restarts} needs --save DIR: "
-                       "a restart resumes from its latest checkpoint")
-        return out
+    def _needs_problems(self) -> list[Problem]:
+        """Flags that need another flag, or a value that fits the run."""
+        fail, rank, n = self.fail_at_step, self.fail_rank or 0, self.parallel.world_size
+        return broken(
+            (self.fail_rank is not None and fail is None, "--fail-rank", "needs",
+             f"--fail-rank {self.fail_rank} needs --fail-at-step K"),
+            (fail is not None and not 0 <= fail < self.steps, "--fail-at-step", "range",
+             f"--fail-at-step {fail} must be a step of the run: 0..{self.steps - 1} "
+             f"(--steps {self.steps})"),
+            (fail is not None and not 0 <= rank < n, "--fail-rank", "range",
+             f"--fail-rank {rank} is not a rank of this layout (0..{n - 1})"),
+            (self.max_restarts > 0 and not self.save, "--max-restarts", "needs",
+             f"--max-restarts {self.max_restarts} needs --save DIR: a restart resumes from its "
+             "latest checkpoint"),
+            (self.save_every > 0 and not self.save, "--save-every", "needs",
+             f"--save-every {self.save_every} needs --save DIR"))
 
     def validate(self) -> "TrainConfig":
         """Raise `ConfigError` listing every broken rule (model, layout, run)."""
         self.parallel.validate(self.model_config(), self.seq_len, self.global_batch)
         out = self.problems()
         if out:
-            raise ConfigError("; ".join(out))
+            raise ConfigError(*out)
         return self

@@ -12,7 +12,6 @@ read from files.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 
@@ -20,17 +19,11 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, comm
+from .cli import Parser
 from .config import ConfigError, ModelConfig
 from .hf import save_pretrained
 
 PROG = "python -m minipar.export"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A bad flag is one line naming it, and exit status 2 (no usage dump)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def full_state(entries: list[dict]) -> dict[str, torch.Tensor]:
@@ -78,8 +71,8 @@ def export_run(out: str, chunks, dp, optimizer, grid, mcfg: ModelConfig,
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog=PROG, description="Write a minipar checkpoint (any "
-                                "layout) as a Hugging Face Llama directory.")
+    p = Parser(prog=PROG, description="Write a minipar checkpoint (any layout) as a Hugging "
+                                      "Face Llama directory.")
     p.add_argument("--resume", required=True, help="a checkpoint directory, or a --save DIR")
     p.add_argument("--out", required=True, help="the Hugging Face directory to write")
     p.add_argument("--tokenizer", default=None,

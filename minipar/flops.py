@@ -1,7 +1,9 @@
 """How much arithmetic a training step is, and what fraction of the hardware it used (MFU).
 
-Chapter "MFU and communication volume". Torch-free: the cost model and the book use it
-without a process group. Measuring this machine's peak is `minipar.peak`'s job.
+Chapter "One model, sixteen thousand GPUs" (the model's size and the arithmetic of its
+training run); the chapter "MFU and communication volume" turns it into MFU. Torch-free: the
+cost model and the book use it without a process group. Measuring this machine's peak is
+`minipar.peak`'s job.
 
 The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and torchtitan use it:
 
@@ -22,7 +24,7 @@ done again by activation recomputation; HFU divides those by the peak instead.
 """
 from __future__ import annotations
 
-from .config import RECOMPUTE_MODES, ModelConfig
+from .config import RECOMPUTE_MODES, ConfigError, ModelConfig, unknown
 
 
 # ------------------------------------------------------------------ parameters
@@ -73,7 +75,7 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, recompute: str =
     full:      the whole forward pass: 2 N + 4 L h s.
     """
     if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"--recompute {recompute!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
+        raise ConfigError(unknown("--recompute", recompute, RECOMPUTE_MODES))
     attention_forward = attention_flops_per_token(model, seq_len) / 3
     if recompute == "none":
         return 0.0

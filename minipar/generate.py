@@ -26,8 +26,9 @@ from typing import Iterator
 import torch
 from tokenizers import Tokenizer
 
+from .cli import Parser
 from .config import ConfigError
-from .export import OneLineParser, checkpoint_state
+from .export import checkpoint_state
 from .hf import CONFIG, load_model, tokenizer_file
 from .model import KVCache, Transformer, hf_name
 
@@ -113,7 +114,7 @@ def load(init_hf: str | None, resume: str | None, tokenizer: str | None):
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = OneLineParser(prog=PROG, description="Sample text from a model.")
+    p = Parser(prog=PROG, description="Sample text from a model.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--init-hf", help="a Hugging Face Llama directory")
     src.add_argument("--resume", help="a minipar checkpoint (any layout), or a --save DIR")
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     try:
         if problems(args):
-            raise ConfigError("; ".join(problems(args)))
+            raise ConfigError(*problems(args))
         model, codec, stop = load(args.init_hf, args.resume, args.tokenizer)
     except (ConfigError, OSError, ValueError) as e:
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)

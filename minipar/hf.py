@@ -2,8 +2,9 @@
 
 Chapter "Real models in and out".
 
-Every Llama is published as a directory: `config.json` (the shape; `ModelConfig.from_hf`
-refuses any field this model does not implement) and the weights in safetensors files,
+Every Llama is published as a directory: `config.json` (the shape: `model_config` reads it
+into a `ModelConfig` and refuses any field this model does not implement, `to_hf` writes
+it back) and the weights in safetensors files,
 one `model.safetensors` or several shards listed by `model.safetensors.index.json`
 (tensor name -> file). A safetensors file is a JSON header (each tensor's name, dtype,
 shape and byte offsets) followed by the raw bytes, so a reader can fetch *part* of a
@@ -22,6 +23,7 @@ under a temporary name and renamed into place, like a checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -32,13 +34,133 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .checkpoint import named_params, replace_dir
-from .config import ConfigError, ModelConfig
+from .config import ConfigError, ModelConfig, TrainConfig
 from .model import Transformer, hf_name
 from .parallel.data import Shard
 
 WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 IGNORED = ("rotary_emb.inv_freq",)     # a buffer older transformers saved: computed, not learned
+
+
+# ================================================================ config.json <-> ModelConfig
+# The config.json fields that must be present, and the values minipar's Llama implements of
+# those that change the architecture. Anything else is another model.
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+            "vocab_size")
+SUPPORTED = {
+    "model_type": ("llama",),
+    "hidden_act": ("silu",),                # SwiGLU's gate
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "attention_dropout": (0, 0.0),          # minipar has no dropout
+}
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+
+
+def rope_parameters(hf: dict) -> dict:
+    """The rotary embedding's parameters: transformers 5's `rope_parameters`, or the older
+    top-level `rope_theta` and `rope_scaling`."""
+    rope = dict(hf.get("rope_parameters") or {})
+    if hf.get("rope_scaling"):
+        rope = {**hf["rope_scaling"], **rope}
+    if "rope_theta" in hf and "rope_theta" not in rope:
+        rope["rope_theta"] = hf["rope_theta"]
+    return rope
+
+
+def llama3_rope_fields(rope: dict) -> dict:
+    """ModelConfig's fields for Llama 3.1's RoPE scaling, from Hugging Face's parameters."""
+    if rope.get("rope_type", rope.get("type")) != "llama3":
+        return {}
+    return dict(rope_factor=float(rope["factor"]),
+                rope_low_freq_factor=float(rope["low_freq_factor"]),
+                rope_high_freq_factor=float(rope["high_freq_factor"]),
+                rope_original_max_len=int(rope["original_max_position_embeddings"]))
+
+
+def config_problems(hf: dict) -> list[str]:
+    """Each field of a Hugging Face Llama config that this model does not implement."""
+    out = [f"missing field {k!r}" for k in REQUIRED if k not in hf]
+    for key, allowed in SUPPORTED.items():
+        if key in hf and hf[key] not in allowed:
+            out.append(f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})")
+    arch = hf.get("architectures")
+    if arch and arch != ["LlamaForCausalLM"]:
+        out.append(f"architectures={arch} is not supported (only LlamaForCausalLM)")
+    rope = rope_parameters(hf)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        out.append(f"rope_scaling: rope_type={rope_type!r} is not supported (plain RoPE, or "
+                   "Llama 3.1's 'llama3')")
+    elif rope_type == "llama3":
+        out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE_KEYS
+                if k not in rope]
+    if "hidden_size" in hf and "num_attention_heads" in hf:
+        head_dim = hf["hidden_size"] // hf["num_attention_heads"]
+        if hf.get("head_dim") not in (None, head_dim):
+            out.append(f"head_dim={hf['head_dim']} is not supported: minipar's is hidden_size / "
+                       f"num_attention_heads = {head_dim}")
+    return out
+
+
+def model_config(hf: dict, source: str = "config.json") -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face `LlamaConfig` (its `to_dict()` or config.json).
+    A field this model does not implement is a `ConfigError` naming it (`config_problems`):
+    better no run than a quiet run of another model."""
+    out = config_problems(hf)
+    if out:
+        raise ConfigError(f"{source}: {'; '.join(out)}")
+    heads, rope = hf["num_attention_heads"], rope_parameters(hf)
+    return ModelConfig(
+        n_layers=hf["num_hidden_layers"], dim=hf["hidden_size"], n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads, ffn_dim=hf["intermediate_size"],
+        vocab_size=hf["vocab_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
+        rope_theta=float(rope.get("rope_theta", 10000.0)), **llama3_rope_fields(rope),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        name=hf.get("_name_or_path") or "hf")
+
+
+def read_config(path: str) -> ModelConfig:
+    """The model of a Hugging Face directory, from its config.json (`--init-hf DIR`)."""
+    file = os.path.join(path, CONFIG)
+    if not os.path.isdir(path):
+        raise ConfigError(f"--init-hf {path}: no such directory")
+    try:
+        with open(file) as f:
+            hf = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--init-hf {path}: no config.json in the directory") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--init-hf {file}: unreadable: {str(e).splitlines()[0]}") from None
+    return model_config(hf, source=f"--init-hf {file}")
+
+
+def with_model(cfg: TrainConfig) -> TrainConfig:
+    """The run with --init-hf's model read (`TrainConfig.init_model`); without --init-hf,
+    `cfg` itself."""
+    return dataclasses.replace(cfg, init_model=read_config(cfg.init_hf)) if cfg.init_hf else cfg
+
+
+def to_hf(mcfg: ModelConfig) -> dict:
+    """The inverse of `model_config`: config.json, which `LlamaForCausalLM.from_pretrained`
+    reads and `transformers.LlamaConfig(**d)` accepts."""
+    return dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", torch_dtype="float32",
+        num_hidden_layers=mcfg.n_layers, hidden_size=mcfg.dim,
+        num_attention_heads=mcfg.n_heads, num_key_value_heads=mcfg.n_kv_heads,
+        intermediate_size=mcfg.ffn_dim, vocab_size=mcfg.vocab_size,
+        max_position_embeddings=mcfg.max_seq_len, rope_theta=mcfg.rope_theta,
+        rms_norm_eps=mcfg.norm_eps, tie_word_embeddings=mcfg.tie_embeddings,
+        hidden_act="silu", attention_bias=False, mlp_bias=False,
+        rope_scaling=None if mcfg.llama3_rope is None else dict(
+            rope_type="llama3", factor=mcfg.rope_factor,
+            low_freq_factor=mcfg.rope_low_freq_factor,
+            high_freq_factor=mcfg.rope_high_freq_factor,
+            original_max_position_embeddings=mcfg.rope_original_max_len),
+    )
 
 
 # ================================================================ reading: where and what
@@ -171,7 +293,7 @@ def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of=whole,
 
 def load_model(path: str) -> Transformer:
     """The single-device model of a Hugging Face directory (generation, tests)."""
-    mcfg = ModelConfig.from_hf_dir(path)
+    mcfg = read_config(path)
     check_dir(path, mcfg)
     model = Transformer(mcfg, seed=None)
     load_weights(path, [model], mcfg)
@@ -185,12 +307,6 @@ def tokenizer_file(path: str | None) -> str | None:
 
 
 # ================================================================ writing
-def hf_config(mcfg: ModelConfig) -> dict:
-    """config.json for `LlamaForCausalLM.from_pretrained`."""
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "torch_dtype": "float32", **mcfg.to_hf()}
-
-
 def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
                     tokenizer_dir: str | None = None) -> str:
     """Write `state` (full tensors under minipar's names) as a Hugging Face directory:
@@ -205,7 +321,7 @@ def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
     os.makedirs(tmp)
     save_file(tensors, os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(tmp, CONFIG), "w") as f:
-        json.dump(hf_config(mcfg), f, indent=2)
+        json.dump(to_hf(mcfg), f, indent=2)
     for name in TOKENIZER_FILES if tokenizer_dir else ():
         if os.path.isfile(os.path.join(tokenizer_dir, name)):
             shutil.copy(os.path.join(tokenizer_dir, name), tmp)

@@ -1,16 +1,20 @@
 """Run one function on N ranks: forked local processes over gloo, or an existing torchrun world.
 
-Chapter "From a laptop to a cluster".
+Chapter "Failures at scale".
 
 Locally, workers are *forked* from a parent that has already imported torch: 8 ranks start
 in about a second, where spawning fresh interpreters costs 25-40 s on two cores (each
-re-imports torch). That is what lets a notebook cell run real multi-process training.
+re-imports torch). That is what lets a notebook cell run real multi-process training. The
+ranks beat into memory they share with the launcher, which watches them (`heartbeat.py`).
 
-A rank that dies ends the whole job with an error that names it; a rank stuck in a collective
-whose peer is gone fails within the collective timeout, and the error names the rank that
-never arrived, not the bystander that noticed: one whose heartbeat stopped (a stopped rank
-is named on stderr as soon as its beat stops, before the timeout), or one still running and
-beating that never joined the collective its peers timed out in. Nothing hangs silently.
+A rank that dies ends the whole job with an error that names it, not the bystanders whose
+collectives failed after it. A rank that hangs (stopped, or stuck outside the collective
+its peers wait in) is named by its heartbeat: on stderr as soon as a stopped rank's beat
+stops, and in the error when its peers give up at the collective timeout. Nothing hangs
+silently. Which rank is the cause is read from structure, never from an error's text: the
+exit codes (a rank that died without a report), the heartbeats (a rank that stopped
+beating, or beats but never came), and the order of the reports (a rank reports before it
+exits, and its peers fail only after it has exited, so the cause reports first).
 
 Signals. SIGTERM (what Slurm, Kubernetes and `timeout` send) and SIGINT (Ctrl-C) to the
 launcher are passed on to every rank. A rank only raises a flag; at the next step boundary
@@ -29,7 +33,6 @@ import pickle
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -37,7 +40,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, LauncherWatch, SharedBoard, StoreHeartbeat, timed_out
 
 
 class RankFailed(RuntimeError):
@@ -85,28 +88,7 @@ def handle_stop_signals() -> None:
             signal.signal(s, _note_stop)
 
 
-# ---------------------------------------------------------------- heartbeats of local ranks
-BEAT_S = 0.5          # a rank's heartbeat period
-SILENT_S = 4.0        # no beat for this long: the rank stopped responding (loaded 2-core margin)
-
-
-def _beat(beats, rank: int):
-    # A rank blocked in a collective keeps beating (the wait releases the GIL); a rank
-    # that is stopped (SIGSTOP, a debugger) or wedged holding the GIL does not.
-    while True:
-        beats[rank] = time.time()
-        time.sleep(BEAT_S)
-
-
-def _process_state(pid: int) -> str:
-    """Linux's one-letter state of a process: R running, S sleeping, T stopped..."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "?"
-
-
+# ---------------------------------------------------------------- where we run
 def in_torchrun() -> bool:
     """True when torchrun (or Slurm via torchrun) has already made this process a rank."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
@@ -130,7 +112,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(rank, world_size, backend, timeout_s, init_method):
+def _init(rank, world_size, backend, timeout_s, init_method="env://"):
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(local % torch.cuda.device_count())
@@ -138,30 +120,7 @@ def _init(rank, world_size, backend, timeout_s, init_method):
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, results, beats):
-    handle_stop_signals()      # the parent's handlers came with the fork: replace them
-    # A forked child inherits the parent's OpenMP state; with more than one thread it can
-    # hang on it. Two cores shared by N ranks want one thread each anyway.
-    torch.set_num_threads(1)
-    threading.Thread(target=_beat, args=(beats, rank), daemon=True).start()
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        _init(rank, world_size, backend, timeout_s, f"tcp://127.0.0.1:{port}")
-        # plain pickle: a tensor sent through the queue as-is would be shared memory that
-        # vanishes when this process exits, before the parent reads it
-        results.put((rank, "ok", pickle.dumps(fn(*args, **kwargs))))
-    except BaseException as e:  # noqa: BLE001 - report everything to the parent
-        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        results.close()
-        results.join_thread()   # flush the report before the hard exit
-        os._exit(1)
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
-
-
+# ---------------------------------------------------------------- local ranks
 def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
               start_method: str | None = None, stop_grace_s: float = 30.0, **kwargs) -> list:
     """Run `fn(*args, **kwargs)` on `world_size` fresh local ranks; return results by rank.
@@ -178,17 +137,46 @@ def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s:
         # torch.optim's constructors import torch._dynamo lazily: seconds per process. Done
         # once here, every forked rank inherits it instead of importing it on its own.
         import torch._dynamo  # noqa: F401
-    results = ctx.Queue()
-    beats = ctx.Array("d", [time.time()] * world_size, lock=False)
-    port = free_port()
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, backend, timeout_s, port, fn, args, kwargs,
-                               results, beats))
-             for r in range(world_size)]
+    results, board, port = ctx.Queue(), SharedBoard(ctx, world_size), free_port()
+    procs = [ctx.Process(target=_worker, daemon=True, args=(
+        r, world_size, backend, timeout_s, port, fn, args, kwargs, results, board))
+        for r in range(world_size)]
+    watch = None
     with _Signals(procs, stop_grace_s) as signals:
-        for p in procs:
-            p.start()
-        return _collect(procs, results, world_size, beats, signals, timeout_s)
+        try:
+            for p in procs:
+                p.start()
+            watch = LauncherWatch(procs, board, timeout_s)
+            return _collect(procs, results, watch, signals)
+        finally:
+            if watch:
+                watch.stop()
+            for p in procs:          # no rank outlives its launcher
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=10)
+
+
+def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, results, board):
+    handle_stop_signals()      # the parent's handlers came with the fork: replace them
+    # A forked child inherits the parent's OpenMP state; with more than one thread it can
+    # hang on it. Two cores shared by N ranks want one thread each anyway.
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    Heartbeat(rank, board)     # beats until this process ends; the launcher watches
+    try:
+        _init(rank, world_size, backend, timeout_s, f"tcp://127.0.0.1:{port}")
+        # plain pickle: a tensor sent through the queue as-is would be shared memory that
+        # vanishes when this process exits, before the parent reads it
+        results.put((rank, "ok", pickle.dumps(fn(*args, **kwargs))))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, "timed out" if timed_out(e) else "error",
+                     f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        results.close()
+        results.join_thread()   # flush the report before the hard exit
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 class _Signals:
@@ -228,147 +216,64 @@ class _Signals:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
 
-def _collect(procs, results, world_size, beats, signals, timeout_s: float = 60.0,
-             grace_s: float = 2.0):
-    """Wait for every rank's result. On the first failure, keep listening for `grace_s`:
-    when one rank dies, its peers fail too ("connection closed"), often before the dead
-    rank's exit is noticed, and the error must name the cause, not a bystander. A rank that
-    is alive but silent (no heartbeat) when the others give up is the one that hung."""
-    done: dict[int, object] = {}
-    errors: dict[int, str] = {}
+def _collect(procs, results, watch: LauncherWatch, signals: _Signals, grace_s: float = 2.0):
+    """Wait for every rank's result. On the first failure keep listening for `grace_s`: when
+    one rank dies its peers fail too ("connection closed"), often before its exit is
+    noticed, and the error must name the cause, not a bystander."""
+    done, errors, waited = {}, {}, set()          # errors in the order they came
     deadline = None
-    hung: dict[int, str] = {}
-    warned: set[int] = set()
+    while len(done) < len(procs) and (deadline is None or time.monotonic() < deadline):
+        if signals.expired():
+            raise Stopped(signals.signum)
+        if deadline is None and watch.hung is not None:
+            break     # silent for a whole collective timeout: gloo may never say so
+        _receive(results, done, errors, waited, timeout=0.05)
+        if deadline is None and (errors or any(p.exitcode for p in procs)):
+            deadline = time.monotonic() + grace_s
+    while _receive(results, done, errors, waited, timeout=0):
+        pass          # a rank that exited may have reported just before
+    died = {r: p.exitcode for r, p in enumerate(procs)
+            if p.exitcode and r not in errors and r not in done}
+    waiting = [r for r, p in enumerate(procs) if p.is_alive() and r not in done and r not in errors]
+    hung = watch.culprits(waiting, waited=bool(errors) and next(iter(errors)) in waited)
+    if errors or died or hung:
+        raise _failure(errors, died, hung)
+    return [pickle.loads(done[r]) for r in range(len(procs))]
+
+
+def _receive(results, done: dict, errors: dict, waited: set, timeout: float) -> bool:
+    """Take one report off the queue, if one comes within `timeout` seconds."""
     try:
-        while len(done) < world_size and (deadline is None or time.monotonic() < deadline):
-            if signals.expired():
-                raise Stopped(signals.signum)
-            _warn_stopped(procs, beats, done, warned, timeout_s)
-            if deadline is None and _hung_for(procs, beats, done, timeout_s):
-                break     # silent for a whole collective timeout: gloo may never say so
-            try:
-                rank, status, payload = results.get(timeout=0.05)
-                if status == "ok":
-                    done[rank] = pickle.loads(payload)
-                else:
-                    errors[rank] = payload
-            except queue.Empty:
-                pass
-            dead = [r for r, p in enumerate(procs)
-                    if p.exitcode not in (None, 0) and r not in errors and r not in done]
-            if dead and _pending(results):
-                continue      # its report may still be in the queue
-            for r in dead:
-                errors[r] = f"died (exit code {procs[r].exitcode}) without an error report"
-            if errors and deadline is None:
-                deadline = time.monotonic() + grace_s
-        hung = _silent_ranks(procs, beats, done, errors, min(SILENT_S, timeout_s))
-        if not hung and errors and all(_timed_out(m) for m in errors.values()):
-            hung = _absent_ranks(procs, done, errors)
-    finally:
-        for p in procs:
-            if p.is_alive() and len(done) < world_size:
-                p.kill()
-        for p in procs:
-            p.join(timeout=10)
-    if errors or hung:
-        raise _failure(errors, hung)
-    return [done[r] for r in range(world_size)]
-
-
-def _warn_stopped(procs, beats, done, warned: set, timeout_s: float) -> None:
-    """Name a stopped rank on stderr as soon as its heartbeat says so (after `SILENT_S`),
-    not only when its peers give up at the collective timeout: it may still be continued
-    (SIGCONT, a debugger), so the job goes on until then."""
-    now = time.time()
-    live = [r for r, p in enumerate(procs) if r not in done and p.is_alive()]
-    for r in live:
-        if r in warned or now - beats[r] < SILENT_S or _process_state(procs[r].pid) != "T":
-            continue
-        if min(now - beats[q] for q in live) < SILENT_S:    # others beat: not a Ctrl-Z
-            warned.add(r)
-            print(f"minipar: rank {r} (pid {procs[r].pid}) is stopped (SIGSTOP or a debugger): "
-                  f"no heartbeat for {now - beats[r]:.0f} s; the job ends at the collective "
-                  f"timeout ({timeout_s:g} s) unless it continues", file=sys.stderr, flush=True)
-
-
-def _timed_out(error: str) -> bool:
-    """A rank's error says it waited for a peer until the collective timeout."""
-    return "timed out" in error.lower() or "timeout" in error.lower()
-
-
-def _absent_ranks(procs, done, errors) -> dict[int, str]:
-    """Every rank that reported timed out waiting, and these are still running, beating,
-    without a result or an error: they never joined the collective the others waited in
-    (stuck in Python, a sleep, a loop that releases the GIL)."""
-    return {r: f"pid {p.pid}, running and beating but never joined the collective its "
-               "peers timed out in"
-            for r, p in enumerate(procs) if r not in done and r not in errors and p.is_alive()}
-
-
-def _hung_for(procs, beats, done, timeout_s: float) -> bool:
-    """Some rank is stopped (SIGSTOP, a debugger) and has not beaten for `timeout_s` while
-    another still beats (so not the whole job suspended, Ctrl-Z). Only a stopped process:
-    a busy machine can delay a running rank's beat for seconds (a long op holding the GIL)."""
-    now = time.time()
-    live = [r for r, p in enumerate(procs) if r not in done and p.is_alive()]
-    stopped = [r for r in live if now - beats[r] > timeout_s and _process_state(procs[r].pid) == "T"]
-    return bool(stopped) and min(now - beats[r] for r in live) < SILENT_S
-
-
-def _silent_ranks(procs, beats, done, errors, silent_s: float = SILENT_S) -> dict[int, str]:
-    """{rank: why} for each rank still alive, without a result or an error, whose
-    heartbeat stopped: the rank its peers were waiting for."""
-    now, out = time.time(), {}
-    for r, p in enumerate(procs):
-        if r in done or r in errors or not p.is_alive():
-            continue
-        state, silent = _process_state(p.pid), now - beats[r]
-        if state == "T" or silent > silent_s:
-            what = "stopped (SIGSTOP or a debugger)" if state == "T" else "not responding"
-            out[r] = f"pid {p.pid}, {what}: no heartbeat for {silent:.0f} s"
-    return out
-
-
-def _pending(q) -> bool:
-    # a rank may have put its report and exited before we read the queue
-    try:
-        return not q.empty()
-    except (OSError, ValueError):
+        rank, status, payload = results.get(timeout=timeout)
+    except (queue.Empty, OSError, ValueError):
         return False
+    (done if status == "ok" else errors)[rank] = payload
+    waited.update([rank] if status == "timed out" else [])
+    return True
 
 
-def _failure(errors: dict[int, str], hung: dict[int, str] | None = None) -> RankFailed:
-    """The root cause first: a rank that died silently, else one that hung (alive, no
-    heartbeat), else one whose error is not a lost connection to a peer, else the lowest."""
-    def lost_peer(msg):
-        return any(k in msg for k in ("Connection closed", "Connection reset", "connection",
-                                      "Broken pipe", "Read error", "Timed out"))
-    silent = [r for r, m in errors.items() if m.startswith("died")]
-    if hung and not silent:
-        return _hang(errors, hung)
-    own = [r for r, m in errors.items() if not lost_peer(m)]
-    cause = min(silent or own or errors)
-    verb = "" if errors[cause].startswith("died") else "failed: "
-    others = sorted(set(errors) - {cause})
-    tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
-    return RankFailed(cause, f"rank {cause} {verb}{errors[cause]}{tail}", raised=bool(verb))
-
-
-def _hang(errors: dict[int, str], hung: dict[int, str]) -> RankFailed:
-    """The rank nobody heard from is the cause; the ranks that timed out waiting for it
-    are bystanders, and the first of their errors follows on the next line."""
+def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str]) -> RankFailed:
+    """The root cause first: a rank that died without a report, else the ranks the others
+    waited for (`hung`), else the first rank that reported. The bystanders follow."""
+    if died or not hung:
+        cause = min(died) if died else next(iter(errors))
+        what = (f"died (exit code {died[cause]}) without an error report" if died
+                else f"failed: {errors[cause]}")
+        others = sorted((set(errors) | set(died)) - {cause})
+        tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
+        return RankFailed(cause, f"rank {cause} {what}{tail}", raised=not died)
     cause = min(hung)
-    others = sorted(set(hung) - {cause})
-    also = f"; so did ranks {others}" if others else ""
+    also = f"; so did ranks {sorted(set(hung) - {cause})}" if len(hung) > 1 else ""
     if not errors:        # the launcher noticed first: its peers are still waiting
         return RankFailed(cause, f"rank {cause} hung ({hung[cause]}){also}; the other ranks "
                                  "were left waiting for it")
-    first = errors[min(errors)].splitlines()[0]
+    first = next(iter(errors))
     return RankFailed(cause, f"rank {cause} hung ({hung[cause]}){also}; ranks {sorted(errors)} "
-                             f"gave up waiting for it\nrank {min(errors)} reported: {first}")
+                             f"gave up waiting for it\nrank {first} reported: "
+                             + errors[first].splitlines()[0])
 
 
+# ---------------------------------------------------------------- a torchrun world
 def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
         stop_grace_s: float = 30.0, **kwargs) -> list:
     """Run `fn` on `world_size` ranks, wherever we are.
@@ -384,8 +289,8 @@ def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float
     if ws != world_size:
         raise RuntimeError(f"torchrun started {ws} processes but the layout needs {world_size}")
     if not dist.is_initialized():
-        _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s, "env://")
-    beat = Heartbeat(dist.get_rank(), ws, collective_timeout_s=timeout_s)  # names lost ranks
+        _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s)
+    beat = StoreHeartbeat(dist.get_rank(), ws, collective_timeout_s=timeout_s)  # names lost ranks
     try:
         return [fn(*args, **kwargs)]
     except Exception as e:

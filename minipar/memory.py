@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import comm
+from . import comm, events
 
 _ACTIVE: list["ActivationMeter"] = []     # the meters counting now (innermost last)
 
@@ -86,9 +86,13 @@ class ActivationMeter:
         _ACTIVE.append(self)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.hold, lambda h: h.tensor)
         self._hooks.__enter__()
+        # a trace's compute spans record the bytes alive after each action (`events.probe`)
+        self._probe = events.probe("activation_bytes", lambda: self.current)
+        self._probe.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._probe.__exit__(*exc)
         self._hooks.__exit__(*exc)
         _ACTIVE.remove(self)
 
@@ -99,14 +103,10 @@ def hold(t: torch.Tensor) -> Held:
     return _ACTIVE[-1].hold(t) if _ACTIVE else Held(t.detach())
 
 
-def nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the optimizer's state (Adam: the two moments), from its tensors."""
-    return nbytes(v for st in optimizer.state.values() for v in st.values()
-                  if torch.is_tensor(v) and v.dim() > 0)
+    return comm.nbytes(*(v for st in optimizer.state.values() for v in st.values()
+                         if torch.is_tensor(v) and v.dim() > 0))
 
 
 def state_bytes(dp, optimizer: torch.optim.Optimizer) -> dict[str, int]:

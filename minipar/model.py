@@ -122,18 +122,21 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
         self.core = causal_attention
 
+    def qkv(self, x):
+        """The three projections of x. A seam, like `core`: `--tp-overlap` computes all
+        three in one trip round the tensor-parallel ring (`parallel/collective_matmul.py`)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x, cos, sin, cache: LayerCache | None = None):
-        b, s, _ = x.shape
-        # -1 heads: under tensor parallelism each rank holds only its share of the heads
-        q = self.q_proj(x).view(b, s, -1, self.head_dim)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        # [b, s, heads * d] -> [b, s, heads, d]; under tensor parallelism a rank holds
+        # only its share of the heads, so their number is read from the projection
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:
             out = self.core(q, k, v)
         else:    # generation: attend over the cached positions and the new ones
             out = cached_attention(q, *cache.extend(k, v))
-        return self.o_proj(out.reshape(b, s, -1))
+        return self.o_proj(out.flatten(-2))
 
 
 class MLP(nn.Module):
@@ -145,8 +148,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
+    def gate_up(self, x):
+        """The two projections of x (a seam: `--tp-overlap` computes both in one ring trip)."""
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):

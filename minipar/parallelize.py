@@ -28,8 +28,9 @@ from .grid import ProcessGrid
 from .model import Transformer, cross_entropy_sum
 from .parallel.context import apply_context_parallel
 from .parallel.data import DataParallel
-from .parallel.pipeline import build_stage_modules
-from .parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy_sum
+from .parallel.pipeline import build_stage_modules, tied_gradient_sync
+from .parallel.tensor import (apply_tensor_parallel, sum_partial_grads,
+                              vocab_parallel_cross_entropy_sum)
 from .parallel.zero import ZERO_STAGES, ZeRO3
 from .recompute import apply_recompute
 
@@ -59,6 +60,9 @@ def parallelize(mcfg: ModelConfig, pcfg: ParallelConfig, grid: ProcessGrid, seed
         chunks = [apply_recompute(m, pcfg.recompute) for m in chunks]
     chunks = [m.to(device) for m in chunks]
     dp = data_parallel(chunks, grid, pcfg)                            # 5. data parallel
+    # after the reduction: the TP-partial gradients (SP's norms), then a tied embedding's copies
+    dp.after_reduce += [s for s in (sum_partial_grads if pcfg.sp else None,
+                                    tied_gradient_sync(chunks)) if s is not None]
     return ParallelModel(chunks, dp, loss_function(pcfg, grid))
 
 

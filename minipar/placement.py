@@ -1,6 +1,7 @@
 """Where `ProcessGrid`'s ranks land on a cluster's servers, racks and pods, and which link
-each axis' traffic crosses (the cluster chapter; the cost model's `Cluster` describes the
-machine).
+each axis' traffic crosses.
+
+Chapter "From a laptop to a cluster" (the cost model's `Cluster` describes the machine).
 
 Ranks are laid on consecutive GPUs (rank r is GPU r % gpus_per_node of server
 r // gpus_per_node), as torchrun numbers them (`RANK = GROUP_RANK x nproc + LOCAL_RANK`).

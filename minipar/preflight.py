@@ -1,12 +1,13 @@
 """Every check that can run before a rank starts: one line naming the flag or file, exit 2.
 
-Chapter "Failures at scale". A rule broken inside a rank costs the start-up of every rank
+Chapter "From a laptop to a cluster". A rule broken inside a rank costs the start-up of every rank
 and then shows up as a traceback from one of them (or, worse, as a run that trains to NaN
 and exits 0). So `check_run` asks, in the parent process and in this order:
 
-1. the configuration's own rules (`TrainConfig.validate`: layout, model, numbers);
+1. the configuration's own rules (`TrainConfig.validate`: layout, model, numbers), with
+   --init-hf's config.json read first (`hf.with_model`): it is the model;
 2. the world: torchrun's size against the layout's;
-3. the files: --data long enough for one sequence, the --log-json / --trace path writable,
+3. the files: --data long enough for one sequence, the --log-json path writable,
    --init-hf's weights, --save a directory, --resume's manifest and the SHA-256 of every file
    it lists (`checkpoint.check_resume`);
 4. the memory: what the ranks on this machine will hold against what the machine has.
@@ -27,19 +28,19 @@ GiB = 2**30
 
 
 def check_run(cfg: TrainConfig) -> TrainConfig:
-    """Raise `ConfigError` (one line) on the first rule the run breaks; return `cfg`."""
-    cfg.validate()
+    """Raise `ConfigError` (one line) on the first rule the run breaks; return the run:
+    `cfg`, with --init-hf's model read."""
+    cfg = hf.with_model(cfg).validate()
     check_world(cfg)
-    if cfg.init_hf:      # config.json was read by validate(); now every weight's file and shape
+    if cfg.init_hf:      # config.json was read above; now every weight's file and shape
         hf.check_dir(cfg.init_hf, cfg.model_config())
     if cfg.export_hf and os.path.isfile(cfg.export_hf):
         raise ConfigError(f"--export-hf {cfg.export_hf} is a file, not a directory")
     if cfg.profile and os.path.isfile(cfg.profile) and not cfg.profile.endswith((".json", ".json.gz")):
         raise ConfigError(f"--profile {cfg.profile} is a file; give a directory (or a path "
                           "ending in .json or .json.gz)")
-    for flag in ("log_json", "trace"):
-        if getattr(cfg, flag):
-            check_writable_file(f"--{flag.replace('_', '-')}", getattr(cfg, flag))
+    if cfg.log_json:
+        check_writable_file("--log-json", cfg.log_json)
     if cfg.data is not None:
         check_data(cfg)
     checkpoint.check_flags(cfg)

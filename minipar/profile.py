@@ -4,15 +4,9 @@ computation, and how much the ranks waited for.
 
 Chapter "From a laptop to a cluster", section "Reading a trace".
 
-While a `Recorder` is installed (`start`), every rank notes spans on one clock:
-
-    compute   the actions of a step: a micro-batch's forward F, backward B (zero-bubble:
-              its input-gradient B and weight-gradient W), the optimizer
-    layer     each transformer layer's forward and backward inside them (module hooks)
-    comm      one span per collective that `comm.CommLog` counts, with its axis, op and
-              bytes: a blocking collective from call to return, an asynchronous one from
-              post to completion (or to the wait that found it complete)
-    wait      the time a rank sat in `Handle.wait()`
+What a rank does reaches one stream, `minipar.events` (collectives, waits, compute spans,
+activation bytes); this file adds the per-layer spans (`trace_layers`) and turns the stream
+into a file others can read.
 
 `finish` gathers every rank's spans on rank 0, which writes them in the Trace Event Format
 (the JSON of chrome://tracing, which ui.perfetto.dev opens too): a process per rank
@@ -37,98 +31,29 @@ spans then show when work was issued, and the device's own timeline is `torch.pr
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import gzip
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import comm
+from . import events
 
 AXES = ("tp", "cp", "pp", "dp", "world")
 TRACE_FILE = "trace.json"
 
 
 # ======================================================================= recording
-class Recorder:
-    """One rank's spans, in perf_counter nanoseconds, while `--profile` records."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.spans: list[dict] = []
-        self.context: dict = {}          # the action being run: its micro-batch, for layers
-        self.start_ns = time.perf_counter_ns()
-        self.n_comm = 0
-
-    def add(self, name: str, cat: str, start: int, end: int | None, **args) -> dict:
-        span = {"name": name, "cat": cat, "start": start, "end": end, "args": args}
-        self.spans.append(span)
-        return span
-
-    @contextlib.contextmanager
-    def span(self, name: str, cat: str = "compute", **args):
-        """A span around the `with` block; it yields its args, to add what is known only
-        at the end (the activations a pipeline action left in memory)."""
-        outer, self.context = self.context, {**self.context, **args}
-        start = time.perf_counter_ns()
-        try:
-            yield args
-        finally:
-            self.add(name, cat, start, time.perf_counter_ns(), **args)
-            self.context = outer
-
-    # -- the hooks comm.py calls ---------------------------------------------------------
-    def collective(self, axis: str, op: str, payload: int, wire: int, seconds: float) -> dict:
-        """CommLog.record's span of one collective, called just after it was posted (or,
-        blocking, completed) and `seconds` after it began. A `Handle` that carries it
-        moves its end to the completion."""
-        end = time.perf_counter_ns()
-        self.n_comm += 1
-        return self.add(f"{axis} {op}", "comm", end - int(seconds * 1e9), end, axis=axis,
-                        op=op, payload_bytes=payload, wire_bytes=wire, id=self.n_comm,
-                        blocking=True)
-
-    def waited(self, on: list[dict], start: int, end: int):
-        """A `Handle.wait()` that blocked from `start` to `end` on the collectives `on`."""
-        ops = sorted({s["name"] for s in on})
-        self.add("wait " + ", ".join(ops), "wait", start, end, ids=[s["args"]["id"] for s in on])
-
-
-RECORDER: Recorder | None = None
-
-
-def active() -> bool:
-    return RECORDER is not None
-
-
-def span(name: str, cat: str = "compute", **args):
-    """`with profile.span("F mb0", kind="F", microbatch=0) as args:` a span on this rank's
-    compute track while recording; nothing otherwise (then `args` is a dict nobody reads)."""
-    return RECORDER.span(name, cat, **args) if RECORDER is not None else contextlib.nullcontext(args)
-
-
-def start(rank: int | None = None) -> Recorder:
+def start(rank: int | None = None) -> events.Recorder:
     """Start recording on this rank (every rank calls it: a barrier lines them up)."""
-    global RECORDER
     if dist.is_initialized():
         dist.barrier()
         rank = dist.get_rank() if rank is None else rank
-    RECORDER = Recorder(rank or 0)
-    comm.LOG.tracer = RECORDER
-    return RECORDER
-
-
-def stop() -> Recorder | None:
-    global RECORDER
-    rec, RECORDER = RECORDER, None
-    comm.LOG.tracer = None
-    return rec
+    return events.start(rank or 0)
 
 
 # -- per-layer spans, from module and tensor hooks -----------------------------------------
@@ -146,23 +71,25 @@ def trace_layers(chunks) -> list:
 
 
 def _layer_in(layer, module, args):
-    rec = RECORDER
+    rec = events.RECORDER
     if rec is None:
         return
-    module._profile = {"start": time.perf_counter_ns(), "backward": None}
+    outer = rec.context
+    module._profile = {"start": events.now(), "outer": outer, "backward": None}
+    rec.context = {**outer, "layer": layer}       # its collectives say which layer
     x = args[0]
     if torch.is_grad_enabled() and x.requires_grad:
-        bwd = {"start": None, "done": False, "args": {"layer": layer, **rec.context}}
+        bwd = {"start": None, "done": False, "args": {**outer, "layer": layer}}
         module._profile["backward"] = bwd
         _when_grad_arrives(x)["ends"].append(bwd)
 
 
 def _layer_out(layer, module, args, out):
-    rec, state = RECORDER, getattr(module, "_profile", None)
+    rec, state = events.RECORDER, getattr(module, "_profile", None)
     if rec is None or state is None:
         return
-    rec.add(f"layer {layer} F", "layer", state["start"], time.perf_counter_ns(),
-            layer=layer, kind="F", **{k: v for k, v in rec.context.items() if k != "kind"})
+    rec.context = state["outer"]
+    rec.add(f"layer {layer} F", "layer", state["start"], events.now(), layer=layer, kind="F")
     if state["backward"] is not None and out.requires_grad:
         _when_grad_arrives(out)["begins"].append(state["backward"])
     module._profile = None
@@ -179,7 +106,7 @@ def _when_grad_arrives(t: torch.Tensor) -> dict:
 
 
 def _grad_arrived(state, grad):
-    rec, now = RECORDER, time.perf_counter_ns()
+    rec, now = events.RECORDER, events.now()
     for bwd in state["ends"]:
         # zero-bubble's W may run a node again: a layer's backward span is closed once
         if rec is not None and not bwd["done"] and bwd["start"] is not None:
@@ -189,16 +116,18 @@ def _grad_arrived(state, grad):
     for bwd in state["begins"]:
         if bwd["start"] is None:
             bwd["start"] = now
+            if rec is not None:     # the collectives from here on are this layer's backward
+                rec.context = {**rec.context, "layer": bwd["args"]["layer"]}
 
 
 # ==================================================================== the file
 def finish(path: str | os.PathLike, coords: dict | None = None, meta: dict | None = None):
-    """Stop recording, gather every rank's spans on rank 0 and write one trace file there
+    """Stop recording, gather every rank's events on rank 0 and write one trace file there
     (gzipped when `path` ends in .gz; a directory gets `trace.json`). Collective: every
     rank calls it. Returns the trace (rank 0) or None."""
-    rec = stop()
+    rec = events.stop()
     part = {"rank": rec.rank, "host": socket.gethostname(), "start_ns": rec.start_ns,
-            "spans": rec.spans, "coords": coords or {}}
+            "spans": rec.events, "coords": coords or {}}
     parts = [part]
     if dist.is_initialized():
         parts = [None] * dist.get_world_size() if rec.rank == 0 else None

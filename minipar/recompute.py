@@ -33,7 +33,7 @@ import functools
 import torch
 
 from . import memory
-from .config import RECOMPUTE_MODES
+from .config import RECOMPUTE_MODES, ConfigError, unknown
 
 
 
@@ -102,7 +102,7 @@ def apply_recompute(model, mode: str):
     attention core (selective). Apply it after context parallelism has installed its core,
     so that selective wraps the ring or all-gather attention itself."""
     if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"--recompute {mode!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
+        raise ConfigError(unknown("--recompute", mode, RECOMPUTE_MODES))
     for block in model.layers.values():
         if mode == "full":
             block.forward = functools.partial(recomputed, block.forward)

@@ -1,7 +1,7 @@
 """Test hooks: what the tests read from inside a run, kept out of the teaching files.
 
-Chapter "Data parallelism" (and every axis after it): a layout is right when its gradients
-are the single device's. `capture_grads` is a `TrainConfig.after_backward` hook that returns
+Chapter "From a laptop to a cluster" (it runs inside the loop), for every axis chapter's
+proof: a layout is right when its gradients are the single device's. `capture_grads` is a `TrainConfig.after_backward` hook that returns
 them after the first step's backward; nothing in the package imports this module.
 """
 from __future__ import annotations

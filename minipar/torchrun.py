@@ -26,7 +26,7 @@ from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from .cli import END_LINE_ENV
+from .run import END_LINE_ENV
 
 PROG = "python -m minipar.torchrun"
 HELP = (f"{PROG}: torchrun (its flags below) whose agent, on SIGTERM or Ctrl-C, lets its "

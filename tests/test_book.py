@@ -9,11 +9,13 @@ checked, an explorer per chapter.
 - Every `{n}` key the book uses exists, and every `check_*` the book names is a check.
 - Every chapter has at least four exercises, at least half of them of the kinds that test
   understanding (predict then run, find the bug, implement, build a schedule), each in its
-  notebook with a hidden worked solution that nbval runs; and an explorer whose static
-  figure is on the chapter's page.
+  notebook with a folded worked solution that nbval runs, an introduction that says how the
+  checks behave and how to open a solution, and one verdict shown per check; and an
+  explorer whose static figure is on the chapter's page.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections import Counter
@@ -189,6 +191,58 @@ def test_each_exercise_is_in_its_notebook_with_a_worked_solution(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
+def test_solutions_are_folded_in_the_book_and_in_jupyterlab(chapter):
+    """`hide-cell` folds a solution in the book; JupyterLab reads the cell's `jupyter`
+    metadata instead (source and output collapsed until the reader opens them)."""
+    for cell in _notebook(chapter):
+        meta = cell.get("metadata", {})
+        if "solution" in meta.get("tags", []):
+            start = "".join(cell["source"]).splitlines()[0]
+            assert "hide-cell" in meta["tags"], f"{chapter}.ipynb: {start!r} is not hide-cell"
+            assert meta.get("jupyter", {}).get("source_hidden") is True, (
+                f"{chapter}.ipynb: {start!r} lacks jupyter.source_hidden")
+            assert meta["jupyter"].get("outputs_hidden") is True, (
+                f"{chapter}.ipynb: {start!r} lacks jupyter.outputs_hidden")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_explorer_cells_leave_no_empty_box_in_the_book(chapter):
+    """An explorer's output is a live widget, which the offline book cannot draw: the cell
+    is tagged `remove-output` (the chapter's page shows the explorer's static figure)."""
+    cells = [c for c in _notebook(chapter)
+             if c["cell_type"] == "code" and "explore(" in "".join(c["source"])]
+    assert cells and all("remove-output" in c["metadata"].get("tags", []) for c in cells), (
+        f"{chapter}.ipynb: the explorer's cell is not tagged remove-output")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_exercises_say_how_checks_behave_and_how_to_open_a_solution(chapter):
+    intros = [" ".join("".join(c["source"]).split()) for c in _notebook(chapter)
+              if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Exercises")]
+    assert len(intros) == 1, f"{chapter}.ipynb: {len(intros)} '## Exercises' cells"
+    for words in ("tolerance", "unit", "reveal=True", "In JupyterLab, click", "to unfold it",
+                  "Show code cell content"):
+        assert words in intros[0], f"{chapter}.ipynb's exercises do not say {words!r}"
+
+
+def _last_expression(source: str):
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    body = ast.parse(code).body
+    return body[-1].value if body and isinstance(body[-1], ast.Expr) else None
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_check_shows_its_own_verdict(chapter):
+    """A cell that ends in two checks shows a tuple of verdicts: print each instead."""
+    for cell in _notebook(chapter):
+        last = _last_expression("".join(cell["source"])) if cell["cell_type"] == "code" else None
+        if isinstance(last, ast.Tuple):
+            checks = [e for e in last.elts if isinstance(e, ast.Call)
+                      and getattr(e.func, "id", "").startswith("check_")]
+            assert not checks, f"{chapter}.ipynb shows {len(checks)} verdicts as one tuple"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_has_an_explorer(chapter):
     import importlib
     module = importlib.import_module(f"minipar.teach.explorers.{chapter}")
@@ -200,9 +254,24 @@ def test_chapter_has_an_explorer(chapter):
         f"book/{chapter}.md does not show its explorer's static figure")
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_explorer_builds_its_controls_and_redraws(chapter):
+    import importlib
+
+    import matplotlib.pyplot as plt
+    explore = importlib.import_module(f"minipar.teach.explorers.{chapter}").explore
+    columns = explore().children[0].children          # two columns of controls, then the figure
+    controls = [c for column in columns for c in column.children]
+    assert len(controls) >= 4 and all(c.description for c in controls)
+    first = controls[0]
+    options = list(getattr(first, "options", ()))
+    if options:                                       # moving a control redraws without error
+        first.value = options[0] if first.value != options[0] else options[-1]
+    plt.close("all")
+
+
 def test_no_number_is_defined_twice():
     """A dict literal keeps the last of two equal keys silently: one key, one definition."""
-    import ast
     twice = []
     for path in sorted((ROOT / "minipar/teach/numbers").glob("*.py")):
         seen = Counter()

@@ -30,7 +30,8 @@ from minipar.grid import ProcessGrid
 from minipar.model import Transformer
 from minipar.parallelize import data_parallel
 from minipar.parallel.zero import FlatShards
-from minipar.train import TrainConfig, main, train
+from minipar.config import TrainConfig
+from minipar.train import main, train
 
 try:
     from minipar.parallel import tensor as _tensor  # noqa: F401

@@ -12,7 +12,7 @@ from minipar import costmodel as cm
 from minipar import flops
 from minipar.formulas.context_parallel import cp_wire_bytes_per_step
 from minipar.formulas.tensor_parallel import tp_wire_bytes_per_step
-from minipar.config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig
+from minipar.config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig, TrainConfig
 
 TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
 L405 = ModelConfig.preset("llama3-405b")
@@ -334,6 +334,25 @@ def test_cli_errors(capsys, argv, names):
     assert names in err and "Traceback" not in err
 
 
+def test_cli_layout_flags_are_the_trainers_with_the_cost_models_defaults():
+    """One field, one flag, one help text: the layout flags come from ParallelConfig and
+    TrainConfig; only their defaults are the cost model's (declared once, LAYOUT_DEFAULTS)."""
+    import dataclasses
+    from minipar.config import TrainConfig
+    from minipar.costmodel.cli import LAYOUT_DEFAULTS
+    text = " ".join(cm.build_parser().format_help().split())
+    for cls, names in ((ParallelConfig, [f.name for f in dataclasses.fields(ParallelConfig)
+                                         if f.name != "microbatches"]),
+                       (TrainConfig, ["seq_len", "global_batch"])):
+        for f in dataclasses.fields(cls):
+            if f.name in names:
+                assert "--" + f.name.replace("_", "-") in text and f.metadata["help"] in text, f.name
+    args = cm.build_parser().parse_args([])
+    assert (args.tp, args.pp, args.schedule, args.sp, args.zero, args.cp_impl, args.seq_len) == \
+        (None, None, None, None, 1, "allgather", 8192)
+    assert set(LAYOUT_DEFAULTS) <= set(vars(args))
+
+
 def test_cli_as_a_module_exits_2_without_traceback(repo_root):
     r = subprocess.run([sys.executable, "-m", "minipar.costmodel", "--tp", "3"], cwd=repo_root,
                        capture_output=True, text=True, timeout=120)
@@ -372,8 +391,8 @@ def test_measured_gloo_bytes_equal_the_prediction_per_axis():
     train = pytest.importorskip("minipar.train")
     pc = ParallelConfig(tp=2, cp=2, pp=2, dp=1, zero=1, sp=True, microbatches=4,
                         schedule="interleaved", virtual_stages=2, cp_impl="ring")
-    cfg = train.TrainConfig(parallel=pc, global_batch=8, seq_len=32, steps=2, progress=False,
-                            peak_flops=1e10)
+    cfg = TrainConfig(parallel=pc, global_batch=8, seq_len=32, steps=2, progress=False,
+                      peak_flops=1e10)
     record = train.train(cfg)["records"][-1]
     measured = {axis: sum(op["wire_bytes"] for op in ops.values())
                 for axis, ops in record["comm"].items()}

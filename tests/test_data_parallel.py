@@ -85,9 +85,10 @@ def test_memory_per_rank_follows_the_zero_stage(zero, n):
             assert sum(m[kind] for m in mem) == (2 * P if kind == "optimizer" else P)
 
 
-def _timeline_rank(zero):
+def _overlap_rank(zero):
     import torch
     import torch.distributed as dist
+    from minipar import events
     from minipar.config import ModelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
@@ -105,26 +106,32 @@ def _timeline_rank(zero):
 
     def step():
         dp.start_step()
-        cross_entropy_sum(model(x[:, :-1]), x[:, 1:]).backward()
-        dp.finish_backward()
+        with events.span("backward", kind="B"):
+            cross_entropy_sum(model(x[:, :-1]), x[:, 1:]).backward()
+            dp.finish_backward()
         optimizer.step()
         dp.after_optimizer_step()
+    step()                      # not recorded: no recorder installed
+    rec = events.start(grid.rank)
     step()
-    off = dp.timeline
-    dp.timeline = []
-    step()
-    return off, dp.timeline, len(dp.buckets)
+    events.stop()
+    return rec.events, len(dp.buckets)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_overlap_timeline_is_off_by_default_and_complete_when_on(zero):
+def test_the_overlap_picture_is_in_the_event_stream(zero):
+    """Each bucket's gradient collective is one event of the one stream: launched inside the
+    backward, tagged with its bucket, ended by the time the backward's last wait returns."""
     from minipar import launch
-    for off, events, n_buckets in launch.run_local(_timeline_rank, 2, zero):
-        assert off is None
-        for kind in ("launch", "done"):
-            assert sorted(i for k, i, _ in events if k == kind) == list(range(n_buckets)), kind
-        launched = {i: t for k, i, t in events if k == "launch"}
-        assert all(t >= launched[i] for k, i, t in events if k == "done")
+    for recorded, n_buckets in launch.run_local(_overlap_rank, 2, zero):
+        op = "all_reduce" if zero == 0 else "reduce_scatter"
+        buckets = [e for e in recorded if e["cat"] == "comm" and e["args"]["axis"] == "dp"
+                   and e["args"]["op"] == op]
+        assert sorted({e["args"]["bucket"] for e in buckets}) == list(range(n_buckets))
+        (backward,) = [e for e in recorded if e["name"] == "backward"]
+        assert all(backward["start"] <= e["start"] and e["end"] is not None
+                   and e["end"] <= backward["end"] for e in buckets)
+        assert all(not e["args"]["blocking"] for e in buckets)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

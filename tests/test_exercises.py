@@ -8,6 +8,7 @@ import torch.distributed as dist
 from minipar.teach import exercises as E
 from minipar.config import ModelConfig
 from minipar.flops import param_count
+from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 LLAMA = ModelConfig.preset("llama3-405b")
 
@@ -72,18 +73,13 @@ NUMERIC = [  # (check, args, right answer, a wrong answer)
 
 @pytest.mark.parametrize("check,args,right,wrong", NUMERIC, ids=lambda v: getattr(v, "__name__", ""))
 def test_numeric_checks(check, args, right, wrong):
-    assert check(*args, right).ok is True
-    assert check(*args, wrong).ok is False
-    assert "Not quite" in repr(check(*args, wrong))
-    assert check(*args, None).ok is None
-    assert "Not answered yet" in repr(check(*args, None))
+    judged(check, right, wrong, args=args)
 
 
 def test_coords():
     # rank 10000 of TP8 CP16 PP16 DP8: 10000 = 0 + 8 (2 + 16 (14 + 16 * 4))
-    assert E.check_coords(10000, 8, 16, 16, 8, {"tp": 0, "cp": 2, "pp": 14, "dp": 4}).ok is True
-    assert E.check_coords(10000, 8, 16, 16, 8, {"tp": 0, "cp": 14, "pp": 2, "dp": 4}).ok is False
-    assert E.check_coords(10000, 8, 16, 16, 8, None).ok is None
+    judged(E.check_coords, {"tp": 0, "cp": 2, "pp": 14, "dp": 4}, {"tp": 0, "cp": 14, "pp": 2, "dp": 4},
+           args=(10000, 8, 16, 16, 8))
 
 
 PURE = [  # (check, right function, wrong function)
@@ -97,23 +93,15 @@ PURE = [  # (check, right function, wrong function)
 
 @pytest.mark.parametrize("check,right,wrong", PURE, ids=lambda v: getattr(v, "__name__", ""))
 def test_function_checks(check, right, wrong):
-    assert check(right).ok is True
-    assert check(wrong).ok is False
-    assert check(None).ok is None
-    assert check(lambda *a: 1 / 0).ok is False        # a raising attempt is reported, not raised
+    # a raising attempt is reported, not raised
+    judged(check, right, wrong, Wrong(lambda *a: 1 / 0, "ZeroDivisionError"))
 
 
 def test_multiprocess_checks():
-    assert E.check_allreduce(allreduce).ok is True
-    assert E.check_allreduce(lambda t: t).ok is False
-    cheat = E.check_allreduce(lambda t: (dist.all_reduce(t), t)[1])
-    assert cheat.ok is False and "not allowed" in repr(cheat)
-    assert E.check_allreduce(None).ok is None
-    assert E.check_average_gradients(average_gradients).ok is True
-    assert E.check_average_gradients(lambda m: None).ok is False
-    assert E.check_column_parallel(column_parallel).ok is True
-    assert E.check_column_parallel(lambda x, w: x @ w.T).ok is False
-    assert E.check_column_parallel(None).ok is None
+    judged(E.check_allreduce, allreduce, lambda t: t,
+           Wrong(lambda t: (dist.all_reduce(t), t)[1], "not allowed"))
+    judged(E.check_average_gradients, average_gradients, lambda m: None)
+    judged(E.check_column_parallel, column_parallel, lambda x, w: x @ w.T)
 
 
 def _dies_once(flag, fn):
@@ -134,3 +122,69 @@ def test_on_ranks_restarts_a_rank_that_died_once_but_reports_raising_code(tmp_pa
     assert v.ok is True and (tmp_path / "died").exists()          # restarted, then right
     v = on_ranks(2, partial(_dies_once, flag), lambda: 1 / 0, "fine", timeout_s=20)
     assert v.ok is False and "raised" in v.message and "ZeroDivisionError" in v.message
+
+
+# ------------------------------------------------------------ checks behave as a course
+MODEL_STATE_GB = param_count(LLAMA) * 16 / (8 * 16) / 1e9     # Table 4 row 1: 50.73 GB
+
+
+def test_a_verdict_states_its_tolerance():
+    near_miss = E.check_model_state_gb(51)                      # 0.53% high, 0.5% allowed
+    assert near_miss.ok is False and "0.53% too high" in near_miss.message
+    assert "within 0.5%" in near_miss.message
+    assert "within 0.5%" in E.check_model_state_gb(50.9).message          # 0.33%: right
+    assert E.check_model_state_gb(50.9).ok is True
+    assert "Within 0.5% is right" in E.check_model_state_gb(None).message
+    exact = E.check_ring_allreduce_bytes(8, 2**30, 2 * 7 * 2**30 // 8 + 5000)
+    assert exact.ok is False and "one part in 1,000,000" in exact.message and "by 5,000 B" in exact.message
+
+
+@pytest.mark.parametrize("answer", [f"{MODEL_STATE_GB:.2f} GB", f"{MODEL_STATE_GB:.2f}GB",
+                                    f"{MODEL_STATE_GB * 1e9 / 2**30:.3f} GiB",
+                                    f"{MODEL_STATE_GB * 1e3:,.0f} MB", f"{MODEL_STATE_GB:.2f}"])
+def test_a_number_may_carry_its_unit(answer):
+    assert E.check_model_state_gb(answer), E.check_model_state_gb(answer).message
+
+
+def test_a_unit_of_another_kind_is_refused_naming_the_one_wanted():
+    too_big = E.check_model_state_gb("3.2 TB")                  # read as 3,200 GB: far off
+    assert too_big.ok is False and "3,200 GB" in too_big.message and "factor" in too_big.message
+    for answer in ("12 ms", "50 parsecs", "fifty", "50,7"):
+        verdict = E.check_model_state_gb(answer)
+        assert verdict.ok is False and ("GB" in verdict.message or "point" in verdict.message), verdict
+    assert E.check_young_daly_interval(60.0, 3600.0, f"{math.sqrt(2 * 60 * 3600) / 60:.3f} min")
+    assert E.check_young_daly_interval(60.0, 3600.0, f"{math.sqrt(2 * 60 * 3600) * 1e3:.0f} ms")
+    assert "seconds" in E.check_young_daly_interval(60.0, 3600.0, "1 GB").message
+    mfu = 1e6 * F405 / (989e12 * 1000)
+    assert E.check_mfu(LLAMA, 8192, 1e6, 1000, 989e12, f"{100 * mfu:.2f}%")
+    assert "plain number" in E.check_mfu(LLAMA, 8192, 1e6, 1000, 989e12, "43 GB").message
+
+
+def test_a_verdict_prints_as_one_line():
+    for verdict in (E.check_model_state_gb(None), E.check_model_state_gb(51),
+                    E.check_model_state_gb(MODEL_STATE_GB, zero1=True)):
+        assert str(verdict) == repr(verdict) == verdict.message and "\n" not in str(verdict)
+    # the two parts of one exercise say which is which
+    assert "ZeRO-1" in E.check_model_state_gb(None, zero1=True).message
+    assert "ZeRO-1" not in E.check_model_state_gb(None).message
+
+
+def test_a_prediction_sees_the_run_only_after_a_reasonable_attempt(fresh_attempts):
+    run = 1_234_567                                   # what "minipar measured"
+    check = E.check_predict_step_bytes
+    first = check(100, measured=run)                  # a wild first guess: the side, no number
+    assert first.ok is False and "below" in first.message and "1,234,567" not in first.message
+    assert "1,234,567" not in check(100, measured=run).message     # the same cell run again
+    second = check(200, measured=run)                 # a second, different try: the run
+    assert second.ok is False and "run / prediction = 1,234,567 B / 200 B" in second.message
+
+
+def test_a_prediction_within_a_factor_of_two_or_asked_sees_the_run(fresh_attempts):
+    run = 1_234_567
+    near = E.check_predict_zero_bytes(run // 2 + 1, measured=run)
+    assert near.ok is False and "1,234,567" in near.message
+    asked = E.check_predict_stage_params(1, measured=run, reveal=True)
+    assert asked.ok is False and "run / prediction = 1,234,567 B / 1 B" in asked.message
+    shown = E.check_predict_step_bytes(None, measured=run, reveal=True)
+    assert shown.ok is None and "1,234,567" in shown.message
+    assert E.check_predict_step_bytes(None).ok is None         # nothing runs, nothing shown

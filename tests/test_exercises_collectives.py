@@ -9,6 +9,7 @@ from minipar.comm import ring_schedule
 from minipar.formulas.collectives import all_reduce_cost, all_reduce_time, wire_bytes
 from minipar.teach import exercises as E
 from minipar.teach.figures.collectives import ring_states
+from verdicts import Wrong, judged
 
 
 # ------------------------------------------------------------ implementations, written from
@@ -45,13 +46,8 @@ def uses_all_reduce(x, rank, n, exchange):
 
 
 def test_ring_all_reduce_check():
-    assert E.check_ring_all_reduce(ring)
-    wrong = E.check_ring_all_reduce(ring_without_all_gather)
-    assert wrong.ok is False and "expected" in wrong.message
-    bytes_wrong = E.check_ring_all_reduce(ring_sending_everything)
-    assert bytes_wrong.ok is False and "bytes" in bytes_wrong.message
-    assert E.check_ring_all_reduce(uses_all_reduce).ok is False
-    assert E.check_ring_all_reduce(None).ok is None
+    judged(E.check_ring_all_reduce, ring, Wrong(ring_without_all_gather, "expected"),
+           Wrong(ring_sending_everything, "bytes"), uses_all_reduce)
 
 
 def test_predict_step_bytes_check():
@@ -60,14 +56,12 @@ def test_predict_step_bytes_check():
     # reduce-scatter of S, all-gather back to S, all-reduce of S, one send of S
     want = 2 * (n - 1) * s // n + 2 * (n - 1) * s // n + s
     assert E.check_predict_step_bytes(want)           # runs on 4 gloo ranks
-    assert E.check_predict_step_bytes(want - s, measured=want).ok is False   # forgot the send
-    assert E.check_predict_step_bytes(None).ok is None
+    judged(E.check_predict_step_bytes, want, want - s, measured=want)   # forgot the send
 
 
 def test_bytes_check_hints():
-    assert E.check_ring_allreduce_bytes(8, 2**30, 2 * 7 * 2**30 // 8)
-    assert "phase" in E.check_ring_allreduce_bytes(8, 2**30, 7 * 2**30 // 8).message
-    assert E.check_ring_allreduce_bytes(8, 2**30, None).ok is None
+    judged(E.check_ring_allreduce_bytes, 2 * 7 * 2**30 // 8, Wrong(7 * 2**30 // 8, "phase"),
+           args=(8, 2**30))
 
 
 # ------------------------------------------------------------ the ring figure plays the schedule

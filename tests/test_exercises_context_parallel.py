@@ -8,6 +8,7 @@ from minipar.config import ModelConfig
 from minipar.formulas.context_parallel import cp_wire_bytes_per_step
 from minipar.parallel.context import contiguous_chunks, merge, zigzag_chunks
 from minipar.teach.exercises import context_parallel as ex
+from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 
 def _naive_merge(o1, l1, o2, l2):       # right in exact arithmetic, overflows in float32
@@ -16,37 +17,32 @@ def _naive_merge(o1, l1, o2, l2):       # right in exact arithmetic, overflows i
 
 
 def test_lse_merge_right_naive_and_unweighted():
-    assert ex.check_lse_merge(merge)
-    naive = ex.check_lse_merge(_naive_merge)
-    assert naive.ok is False and "step 1" in naive.message and "nan" in naive.message
-    summed = ex.check_lse_merge(lambda o1, l1, o2, l2: (o1 + o2, torch.logaddexp(l1, l2)))
-    assert summed.ok is False and "step 0" in summed.message and "max |difference|" in summed.message
-    assert ex.check_lse_merge(None).ok is None
+    naive, summed = judged(ex.check_lse_merge, merge, Wrong(_naive_merge, "step 1"),
+                           Wrong(lambda o1, l1, o2, l2: (o1 + o2, torch.logaddexp(l1, l2)), "step 0"))
+    assert "nan" in naive.message and "max |difference|" in summed.message
 
 
 def test_zigzag_fix_catches_the_shipped_bug_and_a_contiguous_split():
-    assert ex.check_zigzag_fix(zigzag_chunks)
-    bug = ex.check_zigzag_fix(ex.buggy_zigzag_chunks)
-    assert bug.ok is False and "work per rank" in bug.message
-    assert ex.check_zigzag_fix(contiguous_chunks).ok is False
-    missing = ex.check_zigzag_fix(lambda r, cp: (r, 2 * cp - r))
-    assert missing.ok is False and "once" in missing.message
-    assert ex.check_zigzag_fix(None).ok is None
+    judged(ex.check_zigzag_fix, zigzag_chunks, Wrong(ex.buggy_zigzag_chunks, "work per rank"),
+           contiguous_chunks, Wrong(lambda r, cp: (r, 2 * cp - r), "once"))
 
 
-def test_predict_cp_bytes_reports_the_ratio():
+def test_predict_cp_bytes_reports_the_ratio(fresh_attempts):
     want = cp_wire_bytes_per_step(ModelConfig.preset("tiny"), 8, 32, 2, "allgather")
     good = ex.check_predict_cp_bytes(want)
     assert good and "= 1.0000" in good.message
-    assert "reduce-scatter" in ex.check_predict_cp_bytes(want // 2).message
-    off = ex.check_predict_cp_bytes(want * 3)
-    assert off.ok is False and "run / prediction" in off.message
-    assert ex.check_predict_cp_bytes(None).ok is None
+    judged(ex.check_predict_cp_bytes, want, Wrong(want * 3, "more than a factor of 2 above"),
+           Wrong(want // 2, "reduce-scatter"))            # a first wild guess: no run; then a hint
+    again = ex.check_predict_cp_bytes(want * 4)           # a third try: the run
+    assert again.ok is False and "run / prediction" in again.message
+    asked = ex.check_predict_cp_bytes(want * 3, reveal=True)
+    assert asked.ok is False and "run / prediction" in asked.message
 
 
 def test_number_and_zigzag_positions():
-    assert ex.check_contiguous_imbalance(1024, 4, None).ok is None
-    assert ex.check_contiguous_imbalance(1024, 4, 4.0).ok is False
-    assert ex.check_zigzag(lambda s, r, cp: [i for c in zigzag_chunks(r, cp)
-                                             for i in range(c * s // (2 * cp), (c + 1) * s // (2 * cp))])
-    assert ex.check_zigzag(lambda s, r, cp: list(range(r * s // cp, (r + 1) * s // cp))).ok is False
+    # 8 chunks of c = 128: rank 3 does 13 full blocks and 2 triangles, rank 0 one and 2
+    judged(ex.check_contiguous_imbalance, (13 * 128**2 + 128 * 129) / (128**2 + 128 * 129),
+           4.0, args=(1024, 4))
+    judged(ex.check_zigzag, lambda s, r, cp: [i for c in zigzag_chunks(r, cp)
+                                              for i in range(c * s // (2 * cp), (c + 1) * s // (2 * cp))],
+           lambda s, r, cp: list(range(r * s // cp, (r + 1) * s // cp)))

@@ -10,6 +10,7 @@ from minipar.flops import param_count
 from minipar.teach import exercises as E
 from minipar.teach.exercises.data_parallel import ZERO1_ADAMW, dp_loss_buggy
 from minipar.teach.figures.data_parallel import model_buckets
+from verdicts import Wrong, judged
 
 
 def global_mean_loss(model, x, y, global_tokens):
@@ -17,9 +18,7 @@ def global_mean_loss(model, x, y, global_tokens):
 
 
 def test_dp_loss_check():
-    assert E.check_dp_loss(global_mean_loss)
-    assert E.check_dp_loss(dp_loss_buggy).ok is False
-    assert E.check_dp_loss(None).ok is None
+    judged(E.check_dp_loss, global_mean_loss, dp_loss_buggy)
 
 
 def broadcast_everything(model):
@@ -34,11 +33,8 @@ def broadcast_trainable_only(model):
 
 
 def test_sync_replicas_check():
-    assert E.check_sync_replicas(broadcast_everything)
-    assert E.check_sync_replicas(lambda model: None).ok is False
-    frozen = E.check_sync_replicas(broadcast_trainable_only)     # the frozen bias differs
-    assert frozen.ok is False and "step 1" in frozen.message
-    assert E.check_sync_replicas(None).ok is None
+    judged(E.check_sync_replicas, broadcast_everything, lambda model: None,
+           Wrong(broadcast_trainable_only, "step 1"))            # the frozen bias differs
 
 
 def zero1(params, gather=True):
@@ -67,10 +63,7 @@ def zero1(params, gather=True):
 
 
 def test_zero1_step_check():
-    assert E.check_zero1_step(zero1)
-    forgot = E.check_zero1_step(lambda params: zero1(params, gather=False))
-    assert forgot.ok is False and "all-gather" in forgot.message
-    assert E.check_zero1_step(None).ok is None
+    judged(E.check_zero1_step, zero1, Wrong(lambda params: zero1(params, gather=False), "all-gather"))
 
 
 # ------------------------------------------------------------ the pictures' arithmetic
@@ -100,8 +93,7 @@ def test_predict_zero_bytes_check():
     want = m * (n - 1) * g // n + (n - 1) * g // n
     assert E.check_predict_zero_bytes(want)                         # runs minipar's trainer
     once = (n - 1) * g // n * 2                                     # ZeRO-1's: one reduce-scatter
-    assert E.check_predict_zero_bytes(once, measured=want).ok is False
-    assert E.check_predict_zero_bytes(None).ok is None
+    judged(E.check_predict_zero_bytes, want, once, measured=want)
 
 
 def _buckets_by_hand(sizes, bucket_mb):
@@ -120,11 +112,6 @@ def _buckets_by_hand(sizes, bucket_mb):
 
 
 def test_check_buckets_right_wrong_and_unanswered():
-    assert E.check_buckets(_buckets_by_hand).ok is True
-    forward = E.check_buckets(lambda s, b: [list(range(len(s)))])
-    assert forward.ok is False and "reverse" in repr(forward)
-    no_small_first = E.check_buckets(
-        lambda s, b: _buckets_by_hand(s, b) if b < 1 else [list(reversed(range(len(s))))])
-    assert no_small_first.ok is False and "first bucket" in repr(no_small_first)
-    assert E.check_buckets(lambda s, b: 1 / 0).ok is False
-    assert E.check_buckets(None).ok is None
+    judged(E.check_buckets, _buckets_by_hand, Wrong(lambda s, b: [list(range(len(s)))], "reverse"),
+           Wrong(lambda s, b: _buckets_by_hand(s, b) if b < 1 else [list(reversed(range(len(s))))],
+                 "first bucket"), lambda s, b: 1 / 0)

@@ -5,66 +5,56 @@ import math
 
 from minipar.formulas.failures import expected_waste
 from minipar.teach.exercises import failures as ex
+from verdicts import Wrong, judged
 
 
-def correct_commit(fs, root, step):
-    fs.write(f"{root}/{step}.tmp/manifest.json", "{}")
-    fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
-    fs.write(f"{root}/latest.tmp", step)
-    fs.replace(f"{root}/latest.tmp", f"{root}/latest")
+def commit_in_order(*moves):
+    """A commit made of these moves, in this order: "manifest" (written into .tmp, or into
+    the renamed directory if it comes after "rename"), "rename" (.tmp to its name), "latest"
+    (through a temporary file and an atomic replace) or "latest in place" (written over)."""
+    def commit(fs, root, step):
+        renamed = False
+        for move in moves:
+            if move == "manifest":
+                fs.write(f"{root}/{step}{'' if renamed else '.tmp'}/manifest.json", "{}")
+            elif move == "rename":
+                fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
+                renamed = True
+            elif move == "latest":
+                fs.write(f"{root}/latest.tmp", step)
+                fs.replace(f"{root}/latest.tmp", f"{root}/latest")
+            else:
+                fs.write(f"{root}/latest", step)
+    return commit
 
 
 def test_young_daly_interval():
     m = 54 * 86400 / 419
-    assert ex.check_young_daly_interval(60, m, math.sqrt(2 * 60 * m))
-    assert ex.check_young_daly_interval(60, m, math.sqrt(60 * m)).ok is False
-    assert ex.check_young_daly_interval(60, m, None).ok is None
+    judged(ex.check_young_daly_interval, math.sqrt(2 * 60 * m), Wrong(math.sqrt(60 * m), "sqrt(2 C M)"),
+           Wrong(math.sqrt(2 * 60 * m) / 60, "not minutes"), args=(60, m))
+    assert ex.check_young_daly_interval(60, m, f"{math.sqrt(2 * 60 * m) / 60:.2f} min")
 
 
 def test_expected_waste():
-    assert ex.check_expected_waste(expected_waste)
-    assert ex.check_expected_waste(lambda t, d, m, r: d / t + (t / 2 + r) / m).ok is False
-    assert ex.check_expected_waste(None).ok is None
+    judged(ex.check_expected_waste, expected_waste, lambda t, d, m, r: d / t + (t / 2 + r) / m)
 
 
 def test_commit_accepts_the_protocol_and_rejects_each_bug():
-    assert ex.check_commit(correct_commit)
-
-    def manifest_after_rename(fs, root, step):
-        fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
-        fs.write(f"{root}/{step}/manifest.json", "{}")
-        fs.write(f"{root}/latest.tmp", step)
-        fs.replace(f"{root}/latest.tmp", f"{root}/latest")
-
-    def latest_in_place(fs, root, step):
-        fs.write(f"{root}/{step}.tmp/manifest.json", "{}")
-        fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
-        fs.write(f"{root}/latest", step)
-
-    def latest_first(fs, root, step):
-        fs.write(f"{root}/latest.tmp", step)
-        fs.replace(f"{root}/latest.tmp", f"{root}/latest")
-        fs.write(f"{root}/{step}.tmp/manifest.json", "{}")
-        fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
-
-    def forgets_latest(fs, root, step):
-        fs.write(f"{root}/{step}.tmp/manifest.json", "{}")
-        fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
-
-    for bug, says in ((manifest_after_rename, "no manifest"), (latest_in_place, "not a complete"),
-                      (latest_first, "not a complete"), (forgets_latest, "latest names")):
-        verdict = ex.check_commit(bug)
-        assert verdict.ok is False and says in verdict.message, (bug.__name__, verdict.message)
-    assert ex.check_commit(None).ok is None
+    judged(ex.check_commit, commit_in_order("manifest", "rename", "latest"),
+           Wrong(commit_in_order("rename", "manifest", "latest"), "no manifest"),
+           Wrong(commit_in_order("manifest", "rename", "latest in place"), "not a complete"),
+           Wrong(commit_in_order("latest", "manifest", "rename"), "not a complete"),
+           Wrong(commit_in_order("manifest", "rename"), "latest names"),
+           Wrong(lambda fs, root, step: fs.explode(), "raised"))
+    assert "7 moments" in ex.check_commit(commit_in_order("manifest", "rename", "latest")).message
 
 
 def test_steps_computed_runs_the_failure():
     # save after 4 and 8 steps; rank 1 dies at the start of step 7: steps 4-6 redone
     verdict = ex.check_steps_computed(13, steps=10, save_every=4, fail_at_step=7)
     assert verdict, verdict.message
-    assert "13 / 13" in verdict.message
-    assert ex.check_steps_computed(10, steps=10, save_every=4, fail_at_step=7).ok is False
-    assert ex.check_steps_computed(None).ok is None
+    assert "13 / 13" in verdict.message and "step 4" in verdict.message
+    judged(ex.check_steps_computed, 13, 10, steps=10, save_every=4, fail_at_step=7)
 
 
 def test_resharding_figure_owners_partition_the_tensor():

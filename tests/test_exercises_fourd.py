@@ -5,12 +5,12 @@ from minipar.formulas.memory import local_param_count
 from minipar.flops import param_count
 from minipar.grid import ProcessGrid
 from minipar.teach.exercises import fourd as ex
+from verdicts import Wrong, fresh_attempts, judged, peeling  # noqa: F401 (a fixture)
 
 
 def test_coords():
-    assert ex.check_coords(10_000, 8, 16, 16, 8, {"tp": 0, "cp": 2, "pp": 14, "dp": 4})
-    assert ex.check_coords(10_000, 8, 16, 16, 8, {"tp": 0, "cp": 0, "pp": 0, "dp": 0}).ok is False
-    assert ex.check_coords(10_000, 8, 16, 16, 8, None).ok is None
+    judged(ex.check_coords, {"tp": 0, "cp": 2, "pp": 14, "dp": 4}, {"tp": 0, "cp": 0, "pp": 0, "dp": 0},
+           args=(10_000, 8, 16, 16, 8))
 
 
 def test_dp_group():
@@ -20,37 +20,28 @@ def test_dp_group():
 
     def tp_group(rank, tp, cp, pp, dp):          # the usual mix-up: consecutive ranks
         return [rank // tp * tp + i for i in range(tp)]
-    assert ex.check_dp_group(right)
-    assert ex.check_dp_group(tp_group).ok is False
-    assert ex.check_dp_group(None).ok is None
+    judged(ex.check_dp_group, right, tp_group)
 
 
 def test_coords_bug():
-    assert ex.check_coords_bug(lambda r, *s: ProcessGrid(*s).coords(r))
-    assert ex.check_coords_bug(ex.buggy_coords).ok is False
-
-    def swapped_pp_cp(rank, tp, cp, pp, dp):     # right on 2x2x2x2, wrong on uneven grids
-        out = {}
-        for axis, size in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp)):
-            out[axis], rank = rank % size, rank // size
-        return out
-    assert ex.check_coords_bug(swapped_pp_cp).ok is False
-    assert ex.check_coords_bug(None).ok is None
+    # pp before cp: right on 2x2x2x2, wrong on uneven grids
+    judged(ex.check_coords_bug, lambda r, *s: ProcessGrid(*s).coords(r), ex.buggy_coords,
+           peeling("tp", "pp", "cp", "dp"))
 
 
 def test_predict_dp_bytes_runs_on_gloo_and_rejects_the_usual_mistakes():
     tiny = ModelConfig.preset("tiny")
     local = local_param_count(tiny, 2, tiny.n_layers, True, True)
-    assert ex.check_predict_dp_shard_bytes(4 * local)                 # 2(n-1)/n x 4 B x local, n = 2
-    assert ex.check_predict_dp_shard_bytes(4 * param_count(tiny)).ok is False     # the whole model
-    assert ex.check_predict_dp_shard_bytes(2 * local).ok is False                 # bf16
-    assert ex.check_predict_dp_shard_bytes(None).ok is None
+    judged(ex.check_predict_dp_shard_bytes, 4 * local,                   # 2(n-1)/n x 4 B x local, n = 2
+           Wrong(4 * param_count(tiny), "whole model"), Wrong(2 * local, "float32"))
 
 
-def test_plan():
+def test_plan(fresh_attempts):
     assert ex.check_plan({"tp": 2, "cp": 2, "pp": 2})
-    assert ex.check_plan({"tp": 8, "cp": 1, "pp": 4}).ok is False          # TP8 on width 8,192
-    assert ex.check_plan({"tp": 2, "cp": 2, "pp": 16}).ok is False         # the bubble of 16 stages
+    short = ex.check_plan({"tp": 8, "cp": 1, "pp": 4})                     # TP8 on width 8,192
+    assert short.ok is False and "TP2" not in short.message                 # not the planner's layout yet
+    again = ex.check_plan({"tp": 2, "cp": 2, "pp": 16})                    # the bubble of 16 stages
+    assert again.ok is False and "the planner's TP2" in again.message       # a second try: shown
     v = ex.check_plan({"tp": 8, "cp": 1, "pp": 1}, model="llama3-405b", gpus=64)
     assert v.ok is False and "does not fit" in v.message                    # rule 1
     v = ex.check_plan({"tp": 2, "cp": 16, "pp": 1})                         # 512 tokens per CP rank
@@ -59,3 +50,4 @@ def test_plan():
     assert "does not divide" in ex.check_plan({"tp": 3, "cp": 1, "pp": 1}).message
     assert ex.check_plan({"tp": 2}).ok is False                             # malformed
     assert ex.check_plan(None).ok is None
+    assert "TP2" in ex.check_plan(None, reveal=True).message                # asked for

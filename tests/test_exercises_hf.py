@@ -13,6 +13,7 @@ from minipar.parallel.tensor import apply_tensor_parallel
 from minipar.model import Transformer
 from minipar.teach.exercises import hf as ex
 from minipar.teach.figures.hf import TP_DIM
+from verdicts import Wrong, judged
 
 
 def read_tp(sl, tp_dim, tp_rank, tp_size):
@@ -28,29 +29,19 @@ def hf_permute(w, n_heads):        # transformers' convert_llama_weights_to_hf.p
 
 
 def test_tp_slice_on_gloo_ranks():
-    assert ex.check_tp_slice(read_tp)
-
     def always_rows(sl, tp_dim, tp_rank, tp_size):    # forgets row-parallel weights
         return read_tp(sl, None if tp_dim is None else 0, tp_rank, tp_size)
-    verdict = ex.check_tp_slice(always_rows)
-    assert verdict.ok is False and "o_proj" in verdict.message
 
     def rank_zero_everywhere(sl, tp_dim, tp_rank, tp_size):
         return read_tp(sl, tp_dim, 0, tp_size)
-    verdict = ex.check_tp_slice(rank_zero_everywhere)
-    assert verdict.ok is False and "rank 1" in verdict.message
-    assert ex.check_tp_slice(None).ok is None
+    judged(ex.check_tp_slice, read_tp, Wrong(always_rows, "o_proj"), Wrong(rank_zero_everywhere, "rank 1"))
 
 
 def test_rope_permute():
-    assert ex.check_rope_permute(hf_permute)
-
     def inverse(w, n_heads):       # the classic bug: the permutation the other way round
         d = w.shape[0] // n_heads
         return w.view(n_heads, 2, d // 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
-    assert ex.check_rope_permute(inverse).ok is False
-    assert ex.check_rope_permute(lambda w, n: w).ok is False
-    assert ex.check_rope_permute(None).ok is None
+    judged(ex.check_rope_permute, hf_permute, inverse, lambda w, n: w)
 
 
 def test_meta_rope_matches_hf_rope_after_the_permutation_per_vector():
@@ -62,18 +53,14 @@ def test_meta_rope_matches_hf_rope_after_the_permutation_per_vector():
 
 
 def test_initial_loss_runs_one_step():
-    assert ex.check_initial_loss(math.log(512))
-    assert ex.check_initial_loss(math.log(256)).ok is False     # bytes, not the model's vocab
-    assert ex.check_initial_loss(None).ok is None
+    judged(ex.check_initial_loss, math.log(512), math.log(256))     # bytes, not the model's vocab
 
 
 def test_kv_cache_tokens():
     m = ModelConfig.preset("llama3-70b")
     free = 80e9 - 2 * 70_553_706_496 / 8
     per_token = 2 * m.n_layers * (m.n_kv_heads // 8) * m.head_dim * 2
-    assert ex.check_kv_cache_tokens(free / per_token)
-    assert ex.check_kv_cache_tokens(free / per_token / 8).ok is False
-    assert ex.check_kv_cache_tokens(None).ok is None
+    judged(ex.check_kv_cache_tokens, free / per_token, Wrong(free / per_token / 8, "n_kv_heads / tp"))
 
 
 def _tp_dims():

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from minipar.parallel.schedules import make_schedule
 from minipar.teach.exercises import pipeline_parallel as ex
+from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 
 def test_bubble():
-    assert ex.check_bubble(4, 8, 3 / 11)
-    assert ex.check_bubble(4, 8, 3 / 8).ok is False
-    assert ex.check_bubble(4, 8, None).ok is None
+    judged(ex.check_bubble, 3 / 11, Wrong(3 / 8, "idle over busy"), args=(4, 8))
+    assert ex.check_bubble(4, 8, "27.27%")                    # a percentage is read as one
 
 
 def test_interleaved_bubble():
-    assert ex.check_interleaved_bubble(lambda p, m, v: (p - 1) / (v * m + p - 1))
-    assert ex.check_interleaved_bubble(lambda p, m, v: (p - 1) / (m + p - 1)).ok is False
+    judged(ex.check_interleaved_bubble, lambda p, m, v: (p - 1) / (v * m + p - 1),
+           lambda p, m, v: (p - 1) / (m + p - 1))
 
 
 def _one_f_one_b(p, m):
@@ -29,33 +29,33 @@ def _one_f_one_b(p, m):
 
 
 def test_one_f_one_b_schedule():
-    assert ex.check_one_f_one_b(_one_f_one_b)
-    afab = ex.check_one_f_one_b(lambda p, m: make_schedule("afab", p, m))
-    assert afab.ok is False and "in flight" in afab.message
-    no_warmup = ex.check_one_f_one_b(
-        lambda p, m: [[a for i in range(m) for a in (("F", i), ("B", i))] for _ in range(p)])
-    assert no_warmup.ok is False and "step takes" in no_warmup.message
-    missing = ex.check_one_f_one_b(lambda p, m: [acts[:-1] for acts in _one_f_one_b(p, m)])
-    assert missing.ok is False and "missing" in missing.message
-    assert ex.check_one_f_one_b(None).ok is None
+    judged(ex.check_one_f_one_b, _one_f_one_b,
+           Wrong(lambda p, m: make_schedule("afab", p, m), "in flight"),
+           Wrong(lambda p, m: [[a for i in range(m) for a in (("F", i), ("B", i))] for _ in range(p)],
+                 "step takes"),
+           Wrong(lambda p, m: [acts[:-1] for acts in _one_f_one_b(p, m)], "missing"))
 
 
-def test_predict_bubble_runs_minipar_and_reports_the_ratio():
+def test_predict_bubble_runs_minipar_and_reports_the_ratio(fresh_attempts):
     good = ex.check_predict_bubble(1 / 5)
-    assert good and "Run / prediction" in good.message
-    assert ex.check_predict_bubble(1 / 4).ok is False
-    assert ex.check_predict_bubble(None).ok is None
+    assert good and "run's bubble / prediction" in good.message
+    far = ex.check_predict_bubble(0.9)                      # a first wild guess: not the run
+    assert far.ok is False and "factor of 2 above the chapter's model" in far.message
+    assert "run's bubble" not in far.message
+    judged(ex.check_predict_bubble, 1 / 5, Wrong(1 / 4, "run's bubble"))   # near: the run shown
+    assert "run's bubble" in ex.check_predict_bubble(None, reveal=True).message
 
 
 def test_the_reader_schedule_is_what_the_ranks_run(tmp_path):
     """`executing` really swaps the executor's plan: under --schedule 1f1b the ranks run
     AFAB's order when told to (all forwards of rank 0 before its first backward)."""
     from minipar.config import ParallelConfig
-    from minipar.parallel.pipeline import load_trace
-    from minipar.train import TrainConfig, train
-    path = tmp_path / "trace.json"
+    from minipar import profile
+    from minipar.config import TrainConfig
+    from minipar.train import train
     with ex.executing(make_schedule("afab", 2, 4)):
         train(TrainConfig(parallel=ParallelConfig(pp=2, schedule="1f1b", microbatches=4),
-                          global_batch=4, seq_len=32, steps=1, progress=False, trace=str(path)))
-    kinds = [e["kind"] for e in sorted(load_trace(path), key=lambda e: e["start"]) if e["rank"] == 0]
+                          global_batch=4, seq_len=32, steps=1, progress=False, profile=str(tmp_path)))
+    done = profile.pipeline_events(profile.load(tmp_path))
+    kinds = [e["kind"] for e in sorted(done, key=lambda e: e["start"]) if e["rank"] == 0]
     assert kinds == ["F"] * 4 + ["B"] * 4

@@ -11,7 +11,8 @@ import pytest
 
 from helpers import losses
 from minipar.config import ParallelConfig
-from minipar.train import TrainConfig, main, train
+from minipar.config import TrainConfig
+from minipar.train import main, train
 
 pytestmark = pytest.mark.slow
 

@@ -80,9 +80,9 @@ def test_the_costmodel_indexerror_layout_gets_the_executors_split():
 
 
 def test_the_executor_and_the_cost_model_share_one_split():
-    from minipar.parallel import schedules
+    from minipar.parallel import pipeline
 
-    assert schedules.split_layers is split_layers        # what the executor calls
+    assert pipeline.split_layers is split_layers         # what the executor calls
     for n_layers in range(1, 20):
         for n_stages in range(1, n_layers + 1):                   # every layout the executor runs
             want = [len(r) for r in split_layers(n_layers, n_stages)]
@@ -134,9 +134,7 @@ def test_cp_bytes_equal_the_context_parallel_files_old_formula():
 
 @pytest.mark.parametrize("name", ["afab", "1f1b", "interleaved", "zb"])
 def test_one_bubble_for_the_schedules_and_the_cost_model(name):
-    from minipar.parallel import schedules
-
-    assert schedules.bubble_formula is bubble_fraction is cm.bubble_fraction
+    assert bubble_fraction is cm.bubble_fraction
     for p in (1, 2, 4, 8):
         for m in (1, 4, 8, 32):
             v = 2 if name == "interleaved" else 1

@@ -77,7 +77,7 @@ def test_init_hf_in_every_layout_gives_the_single_device_loss(hf_dir):
     want = F.cross_entropy(logits.reshape(-1, 320), batch[:, 1:].reshape(-1)).item()
     assert losses(ref)[0] == pytest.approx(want, rel=1e-5)
     layouts = [dict(tp=2), dict(pp=2), dict(cp=2), dict(dp=2, zero=3)]
-    if ModelConfig.from_hf_dir(path).tie_embeddings:   # the tied head: last stage, TP-split
+    if hf.read_config(path).tie_embeddings:   # the tied head: last stage, TP-split
         layouts = [dict(tp=2, pp=2)]
     for layout in layouts:
         assert_same_losses(run_layout(steps=2, init_hf=path, **layout, **RUN), ref)
@@ -185,11 +185,11 @@ def test_bad_directory_exits_2_with_one_line(case, breaks, good_dir, tmp_path, c
     assert len(err.strip().splitlines()) == 1, err
 
 
-def test_from_hf_names_every_unsupported_field():
-    cfg = ModelConfig().to_hf()
+def test_model_config_names_every_unsupported_field():
+    cfg = hf.to_hf(ModelConfig())
     cfg.update(mlp_bias=True, architectures=["GemmaForCausalLM"], attention_dropout=0.1)
     with pytest.raises(ConfigError) as e:
-        ModelConfig.from_hf(cfg)
+        hf.model_config(cfg)
     for field in ("mlp_bias", "architectures", "attention_dropout"):
         assert field in str(e.value)
-    assert ModelConfig.from_hf(hf.hf_config(ModelConfig())) == ModelConfig(name="hf")
+    assert hf.model_config(hf.to_hf(ModelConfig())) == ModelConfig(name="hf")

@@ -1,59 +1,44 @@
-"""The package reads downward: a walk of minipar's import graph (from the source, no import
-runs) fails on any upward import, any circle and any in-package import inside a function.
+"""The package reads in the book's order: a walk of minipar's import graph (from the source,
+no import runs) fails on an import that points at a later chapter's file, on a circle, and
+on an in-package import inside a function.
 
-The order below is the book's: the bottom knows nothing of what is built on it. A module
-may import only modules of a lower layer; modules of one group (a subpackage listed by its
-prefix) may import each other, but never in a circle.
+Each module names its chapter in its docstring (`Chapter "Collectives"`); the order of the
+chapters is the book's table of contents (`_toc.yml`, titles from each `book/<file>.md`).
+A module may import modules of its own chapter or of earlier ones: whoever reads the book
+front to back has met everything a file builds on before the file itself. `teach/` (the
+book's own helpers) reads everything and is read by nothing. A subpackage that is one idea
+(`costmodel/`) names its chapter once, in its `__init__`, and its files import each other
+freely. The trainer core (what `python -m minipar.train` imports) has a line budget.
 """
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
+import yaml
 
-PACKAGE = Path(__file__).resolve().parents[1] / "minipar"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "minipar"
+GROUPS = ("minipar.costmodel",)            # one chapter for the whole subpackage
+EXEMPT = ("minipar.teach",)                # the book's helpers: read everything
+CORE_BUDGET = 3500                         # logical lines of what `python -m minipar.train` imports
 
-# Bottom first. A trailing ".*" makes every module of that subpackage one group.
-LAYERS = [
-    "minipar.config",
-    "minipar.flops",
-    "minipar.formulas",
-    "minipar.formulas.*",
-    "minipar.costmodel.*",
-    "minipar",                      # the package's __init__: ConfigError, the configs
-    "minipar.comm",
-    "minipar.grid",
-    "minipar.placement",            # where the grid's ranks land on servers, racks and pods
-    "minipar.profile",              # traces: spans of compute and of every collective
-    "minipar.heartbeat",            # under torchrun: which rank (and node) is lost
-    "minipar.launch",
-    "minipar.peak",
-    "minipar.memory",
-    "minipar.model",
-    "minipar.data",
-    "minipar.parallel",
-    "minipar.parallel.regions",
-    "minipar.parallel.collective_matmul",
-    "minipar.parallel.tensor",
-    "minipar.parallel.context",
-    "minipar.parallel.data",
-    "minipar.parallel.zero",
-    "minipar.parallel.schedules",
-    "minipar.parallel.pipeline",
-    "minipar.recompute",
-    "minipar.parallelize",
-    "minipar.checkpoint",
-    "minipar.hf",                   # Hugging Face directories in (a slice per rank) and out
-    "minipar.export",               # a checkpoint or a run's ranks -> a Hugging Face directory
-    "minipar.generate",             # sampling from the reference model with a KV cache
-    "minipar.preflight",            # every check before a rank starts (flags, files, memory)
-    "minipar.cli",
-    "minipar.train",
-    "minipar.torchrun",             # torchrun's agent, ending on a signal with one line
-    "minipar.testing",              # tests' hooks: built on everything, used by nothing
-    "minipar.teach.*",              # the book's helpers: read everything, read by nothing
-]
+
+# ------------------------------------------------------------------ the book's order
+def chapter_titles() -> list[str]:
+    """The chapters' titles in reading order, from _toc.yml and each chapter's heading."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    titles = []
+    for f in files:
+        heading = next(line for line in (ROOT / f"{f}.md").read_text().splitlines()
+                       if line.startswith("# "))
+        titles.append(heading[2:].strip())
+    return titles
 
 
 def module_name(path: Path) -> str:
@@ -65,12 +50,36 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def layer_of(name: str) -> int:
-    for i, entry in enumerate(LAYERS):
-        if entry == name or (entry.endswith(".*") and
-                             (name == entry[:-2] or name.startswith(entry[:-1]))):
-            return i
-    raise AssertionError(f"{name} is in no layer of tests/test_layers.py: place it")
+def group_of(name: str) -> str:
+    return next((g for g in GROUPS if name == g or name.startswith(g + ".")), name)
+
+
+def declared_chapter(path: Path) -> str | None:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    m = re.search(r'Chapter "([^"]+)"', doc)
+    return m.group(1) if m else None
+
+
+def chapter_of(name: str, mods: dict[str, Path], titles: list[str]) -> int | None:
+    """The index (in reading order) of the chapter `name` belongs to; None: exempt."""
+    if name.startswith(EXEMPT) or (mods[name].name == "__init__.py" and group_of(name) == name):
+        return None                  # the book's helpers; a package's own __init__
+    title = declared_chapter(mods[group_of(name)]) or ""
+    found = [i for i, t in enumerate(titles) if title and t.startswith(title)]
+    assert found, (f"{name}: its docstring must name its chapter as Chapter \"<title>\" (or the "
+                   f"title's start), one of {titles}; found {title!r}")
+    return found[0]
+
+
+# ------------------------------------------------------------------ the imports
+def _entry_point_lines(tree) -> set[int]:
+    """Lines of `if __name__ == "__main__":` blocks: running a module as a command is not a
+    dependency of the module."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            out.update(range(node.lineno, node.end_lineno + 1))
+    return out
 
 
 def imports(name: str, path: Path, known: set[str]):
@@ -79,6 +88,7 @@ def imports(name: str, path: Path, known: set[str]):
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     functions = [(n.lineno, n.end_lineno) for n in ast.walk(tree)
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    entry = _entry_point_lines(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -88,6 +98,8 @@ def imports(name: str, path: Path, known: set[str]):
         elif isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         else:
+            continue
+        if node.lineno in entry:
             continue
         inside = any(lo < node.lineno <= hi for lo, hi in functions)
         for t in targets:
@@ -100,21 +112,32 @@ def graph():
     return mods, {n: list(imports(n, p, set(mods))) for n, p in mods.items()}
 
 
-def test_every_module_has_a_layer():
-    for name in modules():
-        layer_of(name)
+# ------------------------------------------------------------------ the tests
+def test_the_toc_titles_are_found():
+    titles = chapter_titles()
+    assert titles[:2] == ["Preface", "One model, sixteen thousand GPUs"] and len(titles) >= 14
 
 
-def test_imports_point_down():
+def test_every_module_names_a_chapter_of_the_book():
+    mods, titles = modules(), chapter_titles()
+    for name in mods:
+        chapter_of(name, mods, titles)
+
+
+def test_imports_follow_the_reading_order():
     mods, edges = graph()
-    upward = []
+    titles = chapter_titles()
+    later = []
     for name, targets in edges.items():
+        mine = chapter_of(name, mods, titles)
         for t, line, _ in targets:
-            same_group = layer_of(t) == layer_of(name) and LAYERS[layer_of(name)].endswith(".*")
-            child = t.startswith(name + ".") and mods[name].name == "__init__.py"
-            if layer_of(t) >= layer_of(name) and not (same_group or child):
-                upward.append(f"{mods[name].relative_to(PACKAGE.parent)}:{line} imports {t}")
-    assert not upward, "upward imports:\n" + "\n".join(upward)
+            theirs = chapter_of(t, mods, titles)
+            if mine is None or theirs is None or group_of(t) == group_of(name):
+                continue
+            if t.startswith(EXEMPT) or theirs > mine:
+                later.append(f"{mods[name].relative_to(ROOT)}:{line} ({titles[mine]}) imports "
+                             f"{t} ({titles[theirs]})")
+    assert not later, "imports of a later chapter's file:\n" + "\n".join(later)
 
 
 def test_no_import_circles():
@@ -141,7 +164,7 @@ def test_no_import_circles():
 
 def test_no_in_package_import_inside_a_function():
     mods, edges = graph()
-    inner = [f"{mods[n].relative_to(PACKAGE.parent)}:{line} imports {t}"
+    inner = [f"{mods[n].relative_to(ROOT)}:{line} imports {t}"
              for n, targets in edges.items() for t, line, inside in targets
              if inside and mods[n].name != "__init__.py"]
     assert not inner, "\n".join(inner)
@@ -155,13 +178,54 @@ def test_every_module_opens_with_a_docstring(name):
         f"{name}: open with a docstring that says which chapter it belongs to and its idea"
 
 
-def test_the_walk_sees_an_upward_import(tmp_path):
-    """The checks can fail: an import of the loop from the model is caught."""
-    fake = PACKAGE / "model.py"
-    found = {t for t, _, _ in imports("minipar.model", fake, set(modules()))}
-    assert "minipar.train" not in found
-    tree_text = fake.read_text() + "\nfrom .train import train\n"
+def test_the_walk_sees_a_later_chapter(tmp_path):
+    """The check can fail: an import of the training loop from the model is caught."""
+    mods, titles = modules(), chapter_titles()
     probe = tmp_path / "model.py"
-    probe.write_text(tree_text)
-    found = [t for t, _, _ in imports("minipar.model", probe, set(modules()))]
-    assert "minipar.train" in found and layer_of("minipar.train") > layer_of("minipar.model")
+    probe.write_text(mods["minipar.model"].read_text() + "\nfrom .train import train\n")
+    found = [t for t, _, _ in imports("minipar.model", probe, set(mods))]
+    assert "minipar.train" in found
+    assert chapter_of("minipar.train", mods, titles) > chapter_of("minipar.model", mods, titles)
+
+
+# ------------------------------------------------------------------ the trainer core
+def logical_lines(path: Path) -> int:
+    """Lines holding a token that is not a comment, a blank or part of a docstring."""
+    src = path.read_text()
+    docs = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            docs.update(range(node.lineno, node.end_lineno + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER, tokenize.ENCODING}
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type not in skip:
+            lines.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in docs)
+    return len(lines)
+
+
+def trainer_core() -> list[str]:
+    """Every module `python -m minipar.train` imports (with the packages holding them)."""
+    mods, edges = graph()
+    seen, todo = set(), ["minipar", "minipar.train"]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        parts = n.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += [t for t, _, inside in edges[n] if not inside]
+    return sorted(seen)
+
+
+def test_the_trainer_core_stays_small():
+    mods = modules()
+    core = trainer_core()
+    assert not [n for n in core if n.startswith(("minipar.teach", "minipar.costmodel"))]
+    total = sum(logical_lines(mods[n]) for n in core)
+    assert total <= CORE_BUDGET, (f"the trainer core is {total} logical lines, over the "
+                                  f"budget of {CORE_BUDGET}: " + ", ".join(
+                                      f"{n} {logical_lines(mods[n])}" for n in core))

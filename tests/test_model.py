@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from minipar.config import ModelConfig
+from minipar.hf import model_config, to_hf
 from minipar.model import Transformer, causal_attention
 
 
@@ -38,15 +39,15 @@ def test_gqa_attention_is_causal_softmax():
     torch.testing.assert_close(out, want)
 
 
-def test_from_hf_keys():
+def test_hf_model_config_keys():
     hf = {"num_hidden_layers": 126, "hidden_size": 16384, "num_attention_heads": 128,
           "num_key_value_heads": 8, "intermediate_size": 53248, "vocab_size": 128256,
           "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}
-    cfg = ModelConfig.from_hf(hf)
+    cfg = model_config(hf)
     ref = ModelConfig.preset("llama3-405b")
     for f in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta"):
         assert getattr(cfg, f) == getattr(ref, f), f
-    assert ModelConfig.from_hf(ref.to_hf()).dim == 16384
+    assert model_config(to_hf(ref)).dim == 16384
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -54,7 +55,7 @@ def test_hugging_face_round_trip_same_logits(tie):
     transformers = pytest.importorskip("transformers")
     cfg = ModelConfig(n_layers=2, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=100,
                       max_seq_len=64, rope_theta=10000.0, tie_embeddings=tie)
-    hf_cfg = transformers.LlamaConfig(**cfg.to_hf())
+    hf_cfg = transformers.LlamaConfig(**to_hf(cfg))
     hf_model = transformers.LlamaForCausalLM(hf_cfg).eval()
     ours = Transformer(cfg, seed=None)
     ours.load_hf_state_dict(hf_model.state_dict())

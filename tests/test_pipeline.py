@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import subprocess
 import sys
 
@@ -19,10 +18,12 @@ import torch
 from minipar.config import PRESETS, ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer, cross_entropy_sum
-from minipar.parallel.pipeline import (SavedBytes, backward_input, backward_weight,
-                                       boundary_shape, build_stage_modules)
+from minipar import profile
+from minipar.formulas.pipeline_parallel import split_layers
+from minipar.parallel.pipeline import boundary_shape, build_stage_modules
 from minipar.parallel.schedules import Message, check_p2p_plan, inputs_of, outputs_of, p2p_plan
-from minipar.parallel.schedules import make_schedule, peak_in_flight, split_layers
+from minipar.parallel.schedules import make_schedule, peak_in_flight
+from minipar.parallel.zero_bubble import backward_input, backward_weight
 from minipar.train import main
 
 from helpers import STEPS, assert_same_losses, reference, run_layout, shard_dim
@@ -164,13 +165,15 @@ def test_split_backward_equals_one_backward(first, last):
         torch.testing.assert_close(w.grad, want[n], rtol=1e-6, atol=1e-8, msg=n)
 
 
-def test_saved_bytes_counts_activations_not_weights():
+def test_the_activation_meter_counts_activations_not_weights():
+    from minipar.memory import ActivationMeter
     lin = torch.nn.Linear(8, 16, bias=False)
     x = torch.randn(4, 8, requires_grad=True)
-    with SavedBytes() as saved:
+    with ActivationMeter() as saved:
         h = lin(x)                    # saves x (and the weight, not counted)
-        torch.relu(h)                 # saves its output, 4 x 16
-    assert saved.nbytes == x.numel() * 4 + 4 * 16 * 4
+        y = torch.relu(h)             # saves its output, 4 x 16
+        assert saved.current == x.numel() * 4 + 4 * 16 * 4
+    del y
 
 
 # ---------------------------------------------------------- real ranks: the runs
@@ -183,9 +186,8 @@ def trained(**kw):
 def _trained(items):
     kw = dict(items)
     path = kw.pop("trace_path")
-    out = run_layout(trace=path, **kw)
-    with open(path) as f:
-        out["trace"] = json.load(f)
+    out = run_layout(profile=path, **kw)
+    out["trace"] = profile.pipeline_events(profile.load(path))
     return out
 
 
@@ -196,7 +198,7 @@ PIPELINES = [  # (pp, schedule, microbatches, virtual stages)
 
 
 def _run(tmp_path_factory, pp, schedule, m, v, **more):
-    path = str(tmp_path_factory.getbasetemp() / f"trace-{pp}-{schedule}-{m}-{v}-{sorted(more)}.json")
+    path = str(tmp_path_factory.getbasetemp() / f"trace-{pp}-{schedule}-{m}-{v}-{sorted(more)}")
     return trained(pp=pp, schedule=schedule, microbatches=m, virtual_stages=v, trace_path=path,
                    **more)
 

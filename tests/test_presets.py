@@ -22,7 +22,8 @@ LLAMA32_1B_CONFIG_JSON = {
 
 
 def test_llama32_1b_preset_is_its_config_json():
-    want = dataclasses.replace(ModelConfig.from_hf(LLAMA32_1B_CONFIG_JSON), name="llama3.2-1b")
+    from minipar import hf           # imports torch: here, not at the top of a torch-free file
+    want = dataclasses.replace(hf.model_config(LLAMA32_1B_CONFIG_JSON), name="llama3.2-1b")
     assert ModelConfig.preset("llama3.2-1b") == want
     assert want.llama3_rope == (32.0, 1.0, 4.0, 8192)     # the long-context RoPE, not plain
 

@@ -233,12 +233,11 @@ def test_a_gzipped_trace_reads_back(tmp_path):
 def test_the_book_s_figures_read_the_trace(tp_pp, dp_cp):
     import matplotlib
     matplotlib.use("Agg")
-    from minipar.parallel.pipeline import load_trace
     from minipar.teach import figures as viz
 
     out, trace, _ = tp_pp
     key = lambda e: (e["global_rank"], e["start"])  # noqa: E731
-    assert sorted(load_trace(out["profile"]["path"]), key=key) == \
+    assert sorted(profile.pipeline_events(profile.load(out["profile"]["path"])), key=key) == \
         sorted(profile.pipeline_events(trace), key=key)
     ax = viz.plot_trace_tracks(trace)
     labels = [t.get_text() for t in ax.get_yticklabels()]

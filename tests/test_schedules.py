@@ -5,14 +5,15 @@ or from small cases timed by hand, never from the code under test.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
+from minipar import profile
+from minipar.formulas.pipeline_parallel import split_layers
 from minipar.parallel.schedules import (Action, ScheduleError, Timeline, make_schedule,
-                                        peak_in_flight, rank_and_chunk, simulate,
-                                        split_layers, stage_of, timeline_from_events)
+                                        peak_in_flight, rank_and_chunk, simulate, stage_of,
+                                        timeline_from_events)
 
 
 def grid():
@@ -272,28 +273,21 @@ def _trace(tl: Timeline, offset: float):
     return [dict(e.as_dict(), start=e.start + offset, end=e.end + offset) for e in tl.events]
 
 
+def _profile_trace(tl: Timeline) -> dict:
+    """A --profile trace holding `tl`'s actions as compute spans, one rank per stage."""
+    parts = [{"rank": r, "host": "h", "start_ns": 0, "coords": {"tp": 0, "cp": 0, "pp": r, "dp": 0},
+              "spans": [{"name": e.kind, "cat": "compute", "start": int(e.start * 1e9),
+                         "end": int(e.end * 1e9),
+                         "args": {"kind": e.kind, "microbatch": e.microbatch, "chunk": e.chunk}}
+                        for e in tl.events if e.rank == r]} for r in range(tl.n_ranks)]
+    return profile.trace_events(parts)
+
+
 def test_measured_events_become_a_timeline():
     tl = simulate(make_schedule("1f1b", 3, 4))
     back = timeline_from_events(_trace(tl, offset=1234.5))
     assert back.n_ranks == 3 and back.events == tl.events
     assert back.makespan == tl.makespan and back.bubble_fraction == tl.bubble_fraction
-
-
-def test_trace_files_in_both_formats(tmp_path):
-    from minipar.parallel.pipeline import load_trace
-    events = _trace(simulate(make_schedule("zb", 2, 3), 1, 1, 1), offset=10.0)
-    (tmp_path / "all.json").write_text(json.dumps(events))
-    (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
-    per_rank = [[{k: v for k, v in e.items() if k != "rank"} for e in events if e["rank"] == r]
-                for r in range(2)]
-    (tmp_path / "ranks.json").write_text(json.dumps(per_rank))
-    for r in range(2):
-        (tmp_path / f"rank{r}.jsonl").write_text(
-            "\n".join(json.dumps(e) for e in events if e["rank"] == r))
-    key = lambda e: (e["rank"], e["start"])
-    for source in ["all.json", "all.jsonl", "ranks.json", ["rank0.jsonl", "rank1.jsonl"]]:
-        paths = [tmp_path / s for s in source] if isinstance(source, list) else tmp_path / source
-        assert sorted(load_trace(paths), key=key) == sorted(events, key=key), source
 
 
 def test_gantt_draws_one_labelled_box_per_timed_action(tmp_path):
@@ -318,9 +312,10 @@ def test_gantt_draws_one_labelled_box_per_timed_action(tmp_path):
 
     zb = simulate(make_schedule("zb", 2, 2))                   # t_w = 0: W boxes are empty
     assert len([p for p in plot_schedule(zb).patches if isinstance(p, Rectangle)]) == 8
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(_trace(zb, 5.0)))
-    assert plot_trace(path).get_xlabel() == "time (s)"
+    path = profile.write(_profile_trace(zb), tmp_path / "t.json")
+    ax = plot_trace(path)
+    assert ax.get_xlabel() == "time (s)"
+    assert len([p for p in ax.patches if isinstance(p, Rectangle)]) == 8
     ax = plot_bubble_vs_microbatches(n_stages=3, microbatches=range(1, 7))
     assert len(ax.get_legend().get_texts()) == 4
     plt.close("all")

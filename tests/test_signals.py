@@ -131,12 +131,12 @@ def test_ctrl_c_checkpoints_a_save_run_stops_every_rank_and_exits_130(tmp_path, 
 
 
 def test_the_stop_line_says_whether_a_checkpoint_was_written(capsys):
-    from minipar import cli
+    from minipar import run
     for signum, where, said in [(signal.SIGINT, None, "no checkpoint (with --save, SIGTERM or "
                                  "Ctrl-C writes one)"), (signal.SIGTERM, "d/step_000007",
                                                         "checkpoint saved to d/step_000007")]:
         ended = {"reason": "signal", "signal": signum, "step": 7, "checkpoint": where}
-        assert cli.report_end(ended) == 128 + signum
+        assert run.report_end(ended) == 128 + signum
         [line] = capsys.readouterr().err.splitlines()
         assert f"stopped by {signal.Signals(signum).name} after 7 steps" in line and said in line
 
@@ -251,12 +251,12 @@ def test_the_torchrun_wrapper_turns_the_agents_signal_into_one_line(signum, monk
     (rank 0's, when it left one), 128 + the signal; a worker that failed is named."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-    from minipar import cli, torchrun
+    from minipar import run, torchrun
 
     def agent(argv, rank0_line=None):
         assert argv == ["--standalone", "-m", "minipar.train"]
         if rank0_line:           # what rank 0 of a stopped run leaves for the agent
-            with open(os.environ[cli.END_LINE_ENV], "w") as f:
+            with open(os.environ[run.END_LINE_ENV], "w") as f:
                 f.write(rank0_line + "\n")
         raise SignalException("got signal", sigval=signal.Signals(signum))
     argv = ["--standalone", "-m", "minipar.train"]
@@ -267,7 +267,7 @@ def test_the_torchrun_wrapper_turns_the_agents_signal_into_one_line(signum, monk
         assert line == said if said else line.startswith(
             f"{torchrun.PROG}: stopped by {signal.Signals(signum).name}; this node's workers "
             "were stopped (no step boundary reported here")
-    assert cli.END_LINE_ENV not in os.environ
+    assert run.END_LINE_ENV not in os.environ
 
     def failed(argv):
         raise ChildFailedError("minipar.train", {1: ProcessFailure(1, 4242, 1, "<N/A>")})

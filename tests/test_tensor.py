@@ -14,10 +14,9 @@ from minipar.config import ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import RMSNorm, Transformer
 from minipar.parallel import collective_matmul
-from minipar.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TP_PLAN,
-                                     VocabParallelEmbedding, apply_tensor_parallel,
-                                     style_of, sum_partial_grads, _replicated,
-                                     vocab_parallel_cross_entropy_sum)
+from minipar.parallel.tensor import (OVERLAP_STYLES, STYLES, VocabParallelEmbedding,
+                                     apply_tensor_parallel, replicated, style_of,
+                                     sum_partial_grads, vocab_parallel_cross_entropy_sum)
 from minipar.formulas.tensor_parallel import collective_matmul_bytes, tp_wire_bytes_breakdown, tp_wire_bytes_per_step
 from minipar.train import main
 
@@ -82,12 +81,14 @@ def _layers_against_torch_nn():
 
     for sp, overlap in ((False, False), (True, False), (True, True)):
         sp_ = f"{sp}{' overlap' if overlap else ''}"
-        # column-parallel: whole (or SP: sequence-sharded) input, half the outputs
+        styles = OVERLAP_STYLES if overlap else STYLES    # the layers the plan picks
+        # column-parallel entering by itself (the head's style): whole (or SP:
+        # sequence-sharded) input, half the outputs
         lin = nn.Linear(6, 4, bias=True)
         x = torch.randn(2, 4, 6, requires_grad=True)
         w = torch.randn(2, 4, 4)
         (lin(x) * w).sum().backward()
-        col = ColumnParallelLinear(lin, axis, enters=True, sp=sp, overlap=overlap)
+        col = styles["head"](lin, axis, sp)
         xl = (seq(x) if sp else x).detach().requires_grad_()
         y = col(xl)
         (y * feat(w)).sum().backward()        # the ranks' losses add up to the reference's
@@ -102,7 +103,7 @@ def _layers_against_torch_nn():
         w = torch.randn(2, 4, 6)
         ref = lin(x)
         (ref * w).sum().backward()
-        row = RowParallelLinear(lin, axis, sp=sp, overlap=overlap)
+        row = styles["rowwise"](lin, axis, sp)
         xl = feat(x).detach().requires_grad_()
         y = row(xl)
         (y * (seq(w) if sp else w)).sum().backward()
@@ -133,7 +134,7 @@ def _layers_against_torch_nn():
         (norm(x) * w).sum().backward()
         tp_norm = RMSNorm(6)
         tp_norm.load_state_dict(norm.state_dict())
-        _replicated(tp_norm, axis, sp)
+        replicated(tp_norm, axis, sp)
         y = tp_norm(seq(x) if sp else x)
         (y * (seq(w) if sp else w)).sum().backward()
         sum_partial_grads([(tp_norm.weight.grad, tp_norm.weight)])

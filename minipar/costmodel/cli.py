@@ -2,8 +2,10 @@
 
 Chapter "MFU and communication volume". Flags for the model (a preset, or any field
 overridden), the hardware, the layout and batch, the numerics and the model's constants; the
-answer as a short report or, with --json, as one JSON object (`Estimate.as_dict`). A layout
-that cannot run is one line on stderr naming the flag and the rule, and exit status 2.
+answer as a short report or, with --json, as one JSON object (`Estimate.as_dict`). The layout
+flags are `python -m minipar.train`'s, generated from the same config fields (`cli.add_flags`)
+with this command's defaults (`LAYOUT_DEFAULTS`). A layout that cannot run is one line on
+stderr naming the flag and the rule, and exit status 2.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import json
 import sys
 from dataclasses import replace
 
-from ..config import CP_IMPLS, RECOMPUTE_MODES, SCHEDULES, ConfigError, ModelConfig, ParallelConfig
+from ..cli import Chosen, Parser, add_flags
+from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
 from .constants import LLAMA3_EFFICIENCY, PRECISIONS
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
@@ -23,11 +26,29 @@ from .time import Estimate, estimate
 from .workload import Workload, make_workload
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line on stderr and exit status 2, no usage block."""
+# The layout flags are the trainer's (`ParallelConfig`, `TrainConfig`), with the cost model's
+# defaults. Every knob whose best value depends on the others is `Chosen`: None on the command
+# line, resolved for the layout given (`defaults`), so that only a flag the user passed can be
+# refused.
+LAYOUT_DEFAULTS = {
+    "tp": Chosen("Table 4's 8 if it fits, else one server's worth"),
+    "cp": Chosen("1"),
+    "pp": Chosen("Table 4's 16 if it fits --gpus, else 1"),
+    "dp": Chosen("--gpus / (tp*cp*pp), or 64 without --gpus"),
+    "seq_len": 8192,
+    "global_batch": Chosen("--global-batch-tokens / --seq-len"),
+    "schedule": Chosen("interleaved with a pipeline whose micro-batches are a multiple of pp, "
+                       "else 1f1b"),
+    "virtual_stages": Chosen("with --schedule interleaved: 8, or the most, a power of two, "
+                             "that pp x v <= layers + 2 allows; else 1"),
+    "sp": Chosen("on when tp > 1"),
+    "zero": 1,
+    "cp_impl": "allgather",
+}
 
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
+
+class _Parser(Parser):
+    prog_in_errors = False       # "error: ...": the cost model's lines have always read so
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,41 +91,20 @@ def _add_model_and_hardware_flags(p) -> None:
 
 
 def _add_layout_flags(g) -> None:
-    """Every knob whose best value depends on the others defaults to None: resolved for the
-    layout given (`defaults`), so that only a flag the user passed can be refused."""
     g.add_argument("--gpus", type=int, help="total GPUs; must equal tp*cp*pp*dp (default: that product)")
-    g.add_argument("--tp", type=int, help="default: Table 4's 8 if it fits, else one server's worth")
-    g.add_argument("--cp", type=int, help="default 1")
-    g.add_argument("--pp", type=int, help="default: Table 4's 16 if it fits --gpus, else 1")
-    g.add_argument("--dp", type=int, help="default: --gpus / (tp*cp*pp), or 64 without --gpus")
-    g.add_argument("--seq-len", type=int, help="tokens per sequence (default 8192)")
+    add_flags(g, ParallelConfig, ("tp", "cp", "pp", "dp"), LAYOUT_DEFAULTS)
+    add_flags(g, TrainConfig, ("seq_len",), LAYOUT_DEFAULTS)
     b = g.add_mutually_exclusive_group()
     b.add_argument("--global-batch-tokens", type=_tokens,
                    help="tokens per step, e.g. 16M or 16777216 (default 16M = 2048 x 8192)")
-    b.add_argument("--global-batch", type=int, help="sequences per step")
+    add_flags(b, TrainConfig, ("global_batch",), LAYOUT_DEFAULTS)
     g.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch")
-    g.add_argument("--schedule", choices=SCHEDULES,
-                   help="default: interleaved with a pipeline whose micro-batches are a "
-                        "multiple of pp, else 1f1b")
-    g.add_argument("--virtual-stages", type=int, default=None,
-                   help="chunks per pipeline rank (default with --schedule interleaved: 8, or "
-                        "the most, a power of two, that pp x v <= layers + 2 allows; else 1)")
-    g.add_argument("--zero", type=int, default=1)
-    g.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none")
-    g.add_argument("--cp-impl", choices=CP_IMPLS, default="allgather")
-    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
-                   help="sequence parallelism (default: on when tp > 1)")
-    g.add_argument("--tp-overlap", action="store_true",
-                   help="collective matmul: SP's all-gathers and reduce-scatters in tp-1 ring "
-                        "steps, each hidden behind 1/tp of its matmul (needs SP)")
-    g.add_argument("--bucket-mb", type=float, default=25.0)
+    add_flags(g, ParallelConfig, ("schedule", "virtual_stages", "zero", "recompute", "cp_impl",
+                                  "sp", "tp_overlap", "bucket_mb"), LAYOUT_DEFAULTS)
 
 
 def _model_and_cluster(args) -> tuple[ModelConfig, Cluster]:
-    try:
-        model = ModelConfig.preset(args.preset)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("--model", "--preset")) from None
+    model = ModelConfig.preset(args.preset, flag="--preset")
     overrides = {k: getattr(args, k) for k in ("n_layers", "dim", "ffn_dim", "n_heads",
                                                "n_kv_heads", "vocab_size") if getattr(args, k) is not None}
     if overrides:
@@ -135,9 +135,9 @@ def config_from_args(args) -> tuple[ModelConfig, Cluster, ParallelConfig, Worklo
     The choices made for flags not given are in `args.notes` (a list of lines)."""
     model, cluster = _model_and_cluster(args)
     if model.problems():                       # before any default is derived from the model
-        raise ConfigError("; ".join(model.problems()))
+        raise ConfigError(*model.problems())
     d, notes = _layout(args, model, cluster)
-    work = make_workload(8192 if args.seq_len is None else args.seq_len, args.global_batch_tokens, args.global_batch,
+    work = make_workload(args.seq_len, args.global_batch_tokens, args.global_batch,
                          args.microbatch_size, args.recompute)
     if args.dp is None and d["dp"] > 0 and work.global_batch > 0 and work.global_batch % d["dp"]:
         raise ConfigError(f"the global batch of {work.global_batch} sequences (--global-batch / "
@@ -199,10 +199,10 @@ def build_plan_parser() -> argparse.ArgumentParser:
                             "predicted MFU, with what limits the best ones.")
     _add_model_and_hardware_flags(p)
     p.add_argument("--gpus", type=int, required=True, help="GPUs to use")
-    p.add_argument("--seq-len", type=int, default=8192)
+    add_flags(p, TrainConfig, ("seq_len",), LAYOUT_DEFAULTS)
     p.add_argument("--global-batch-tokens", type=_tokens, default=4 * 2**20,
                    help="tokens per step, e.g. 4M or 4194304 (default 4M)")
-    p.add_argument("--tp-overlap", action="store_true", help="let TP use collective matmul")
+    add_flags(p, ParallelConfig, ("tp_overlap",))
     p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
                    help="share of HBM a plan leaves free for what the memory model does not "
                         f"count (default {MEMORY_HEADROOM:g})")
@@ -242,11 +242,9 @@ def plan_main(argv) -> int:
     args = build_plan_parser().parse_args(argv)
     try:
         model, cluster = _model_and_cluster(args)
-        bad = model.problems() + cluster.problems()
-        if args.gpus < 1:
-            bad.append(f"--gpus {args.gpus} must be a positive integer")
+        bad = model.problems() + cluster.problems() + positive(gpus=args.gpus)
         if bad:
-            raise ConfigError("; ".join(bad))
+            raise ConfigError(*bad)
         p = plan(model, cluster, args.gpus, args.seq_len, args.global_batch_tokens,
                  top=args.top, tp_overlap=args.tp_overlap, headroom=args.memory_headroom)
     except ConfigError as err:

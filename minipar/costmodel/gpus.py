@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..config import ConfigError
+from ..config import ConfigError, unknown
 from .hardware import LLAMA3_CLUSTER, Cluster
 
 # name: (peak dense bf16 TFLOP/s, HBM TB/s, HBM GB (1e9 bytes: an "80 GB" card holds
@@ -30,13 +30,13 @@ def gpu_cluster(gpu: str = "h100", **overrides) -> Cluster:
     1:7 between pods), with any field replaced by `overrides` (None values ignored)."""
     key = gpu.lower().replace(" ", "").replace("-sxm", "")
     if key not in GPU_SHEETS:
-        raise ConfigError(f"--gpu {gpu!r} is unknown; choose one of {', '.join(GPU_NAMES)}")
+        raise ConfigError(unknown("--gpu", gpu, GPU_NAMES))
     peak, hbm_tbps, hbm_gb, nvlink, nic, per_node = GPU_SHEETS[key]
     sheet = dict(name=key, peak_tflops=peak, hbm_TBps=hbm_tbps, hbm_gb=hbm_gb,
                  intra_node_GBps=nvlink, inter_node_Gbps=nic, gpus_per_node=per_node,
                  gpus_per_rack=2 * per_node)
     sheet.update({k: v for k, v in overrides.items() if v is not None})
-    unknown = set(sheet) - set(Cluster.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown hardware field(s) {sorted(unknown)}")
+    extra = set(sheet) - set(Cluster.__dataclass_fields__)
+    if extra:
+        raise ConfigError(f"unknown hardware field(s) {sorted(extra)}")
     return replace(LLAMA3_CLUSTER, **sheet)

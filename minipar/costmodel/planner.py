@@ -24,7 +24,7 @@ from .exposure import fsdp_unit_mb
 from .hardware import Cluster
 from .memory import memory_per_gpu
 from .time import Estimate, estimate
-from .workload import Workload, layout_problems
+from .workload import END_STAGES, Workload, layout_problems, make_workload
 
 MIN_TOKENS_PER_CP_RANK = 1024
 # An assumption, not fitted: the share of HBM a plan leaves free. What the memory model does
@@ -82,7 +82,7 @@ def layouts(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int,
                 continue
             m = global_batch // (dp * mbs)
             chunks = [("1f1b", 1)] + ([("interleaved", v) for v in (2, 4, 8)
-                                       if pp > 1 and pp * v <= model.n_layers + 2 and m % pp == 0])
+                                       if pp > 1 and pp * v <= model.n_layers + END_STAGES and m % pp == 0])
             for schedule, v in chunks:
                 yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1,
                                      bucket_mb=fsdp_unit_mb(model, tp),
@@ -120,12 +120,10 @@ def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
          headroom: float = MEMORY_HEADROOM) -> Plan:
     """Rank every valid layout of `model` on `gpus` GPUs of `cluster` that fits in the HBM
     less `headroom` (a fraction), by MFU."""
-    if global_batch_tokens % seq_len:
-        raise ConfigError(f"--global-batch-tokens {global_batch_tokens} is not a multiple of --seq-len {seq_len}")
+    batch = make_workload(seq_len, global_batch_tokens).global_batch    # the batch's rules
     if not 0 <= headroom < 1:
         raise ConfigError(f"--memory-headroom {headroom} must be a fraction in [0, 1)")
     budget = memory_budget_gb(cluster, headroom)
-    batch = global_batch_tokens // seq_len
     found, tried, rejected, least = [], 0, {}, None
     for pc, mbs in layouts(model, cluster, gpus, seq_len, batch, tp_overlap=tp_overlap):
         tried += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig
+from ..config import ConfigError, ModelConfig, ParallelConfig, Problem, positive, unknown
 from .constants import TABLE4_BATCH_TOKENS
 
 
@@ -44,10 +44,9 @@ def make_workload(seq_len: int, global_batch_tokens: int | None = None,
         raise ConfigError("--global-batch-tokens and --global-batch are exclusive: give one")
     if global_batch is None:
         tokens = TABLE4_BATCH_TOKENS if global_batch_tokens is None else global_batch_tokens
-        if seq_len < 1:
-            raise ConfigError(f"--seq-len {seq_len} must be a positive integer")
-        if tokens < 1:
-            raise ConfigError(f"--global-batch-tokens {tokens} must be a positive integer")
+        bad = positive(seq_len=seq_len, global_batch_tokens=tokens)
+        if bad:
+            raise ConfigError(bad[0])
         if tokens % seq_len:
             raise ConfigError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {seq_len}")
         global_batch = tokens // seq_len
@@ -56,13 +55,9 @@ def make_workload(seq_len: int, global_batch_tokens: int | None = None,
 
 def workload_problems(parallel: ParallelConfig, work: Workload) -> list[str]:
     """Rules of the batch itself, beyond `ParallelConfig.problems`."""
-    out = []
-    if work.microbatch_size < 1:
-        return [f"--microbatch-size {work.microbatch_size} must be a positive integer"]
-    if work.global_batch < 1:
-        return [f"--global-batch {work.global_batch} must be a positive integer"]
-    if work.recompute not in RECOMPUTE_MODES:
-        out.append(f"--recompute {work.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE_MODES)}")
+    out = positive(microbatch_size=work.microbatch_size, global_batch=work.global_batch)
+    if out:
+        return out[:1]
     if parallel.dp >= 1 and work.global_batch % parallel.dp == 0:
         per_rank = work.global_batch // parallel.dp
         if per_rank % work.microbatch_size:
@@ -73,28 +68,27 @@ def workload_problems(parallel: ParallelConfig, work: Workload) -> list[str]:
     return out
 
 
+# Llama 3 puts the embedding and the head in stages of their own (`formulas.stage_split`):
+# up to n_layers + 2 pipeline stages, where the trainer's split needs a layer in each.
+END_STAGES = 2
+
+
 def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload) -> list[str]:
     """Every rule this model + layout + batch breaks, one line each (empty: all is well)."""
     out = model.problems() + workload_problems(parallel, work)
     if out:
         return out
-    pp, v, n_layers = parallel.pp, parallel.virtual_stages, model.n_layers
     # A cost model does not care about trained position limits: long-context rows (131K)
     # run a model whose config says 8K.
     long_model = replace(model, max_seq_len=max(model.max_seq_len, work.seq_len))
-    for line in parallel.problems(long_model, work.seq_len, work.global_batch):
-        # Llama 3 puts the embedding and the head in stages of their own (`formulas.stage_split`),
-        # so up to n_layers + 2 stages are fine here: that rule is replaced by the one below.
-        if "stages exceeds n_layers" in line:
-            continue
-        if "--microbatches" in line:       # this CLI sets the micro-batch size instead
-            line += (f" (micro-batches per DP rank = --global-batch {work.global_batch} / "
-                     f"(--dp {parallel.dp} x --microbatch-size {work.microbatch_size}))")
-        out.append(line)
-    if pp * v > n_layers + 2:
-        out.append(f"--pp {pp} x --virtual-stages {v} = {pp * v} stages exceeds "
-                   f"n_layers + 2 = {n_layers + 2} (embedding and head may take a stage each)")
-    return list(dict.fromkeys(out))
+    layout = parallel.replace(recompute=work.recompute)   # the batch's recompute is the knob
+    for p in layout.problems(long_model, work.seq_len, work.global_batch, END_STAGES):
+        if "microbatches" in p.values:       # this CLI has no --microbatches: say where it comes from
+            p = Problem(f"{p} (micro-batches per DP rank = --global-batch {work.global_batch} / "
+                        f"(--dp {parallel.dp} x --microbatch-size {work.microbatch_size}))",
+                        p.flag, p.rule, **p.values)
+        out.append(p)
+    return out
 
 
 STAGE_SPLITS = ("even", "nanotron")
@@ -130,7 +124,7 @@ def stage_loads(model: ModelConfig, pp: int, split: str = "even") -> list[tuple[
     16 ranks: two ranks hold 6 layers, not 5). The busiest rank sets the pipeline's pace
     (`time.compute_seconds` weighs each by its seconds)."""
     if split not in STAGE_SPLITS:
-        raise ConfigError(f"stage split {split!r} is unknown; choose one of {', '.join(STAGE_SPLITS)}")
+        raise ConfigError(unknown("stage split", split, STAGE_SPLITS))
     if split == "even" or pp == 1:
         return [(model.n_layers / pp, 1.0 / pp)]
     return [(float(n), float(h)) for n, h in nanotron_split(model, pp)]

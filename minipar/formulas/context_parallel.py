@@ -4,7 +4,7 @@ Chapter "Context parallelism". Torch-free, like every file of `minipar.formulas`
 """
 from __future__ import annotations
 
-from ..config import CP_IMPLS, ConfigError, ModelConfig
+from ..config import CP_IMPLS, ConfigError, ModelConfig, unknown
 from .collectives import wire_bytes
 
 
@@ -20,7 +20,7 @@ def cp_hops(cp: int, impl: str, recompute: str = "none") -> int:
     blocks even where the mask will discard half of one.
     """
     if impl not in CP_IMPLS:
-        raise ConfigError(f"--cp-impl {impl!r} is unknown; choose one of {', '.join(CP_IMPLS)}")
+        raise ConfigError(unknown("--cp-impl", impl, CP_IMPLS))
     if impl == "ulysses":
         raise ValueError("Ulysses moves q and the output too, not K/V blocks: ulysses_layer_bytes")
     if cp == 1:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import ConfigError
+from ..config import ZERO_STAGES, ConfigError, unknown
 from .collectives import all_reduce_time, wire_bytes
 
 
@@ -36,7 +36,7 @@ def dp_bytes(n_params: int, n: int, zero: int, microbatches: int = 1,
         return m * wire_bytes("reduce_scatter", n, g) + wire_bytes("all_gather", n, p)
     if zero == 3:
         return m * (2 * wire_bytes("all_gather", n, p) + wire_bytes("reduce_scatter", n, g))
-    raise ConfigError(f"--zero {zero} is unknown; choose 0, 1, 2 or 3")
+    raise ConfigError(unknown("--zero", zero, ZERO_STAGES))
 
 
 def bucket_timeline(bucket_bytes, ready_s, n: int, alpha: float,

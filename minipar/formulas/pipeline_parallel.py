@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from ..config import SCHEDULES, ConfigError, ModelConfig
+from ..config import SCHEDULES, ConfigError, ModelConfig, unknown
 from .collectives import wire_bytes
 
 
@@ -90,7 +90,7 @@ def bubble_fraction(schedule: str, pp: int, m: int, v: int = 1, t_f: float = 1.0
     t_w <= min(t_f, t_b).
     """
     if schedule not in SCHEDULES:
-        raise ConfigError(f"--schedule {schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+        raise ConfigError(unknown("--schedule", schedule, SCHEDULES))
     p = pp
     if p == 1:
         return 0.0

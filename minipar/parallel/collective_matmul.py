@@ -26,12 +26,19 @@ that every transfer has a matmul to run behind. The backward of "all-gather, the
 is "matmul, then reduce-scatter" (and the other way round), so these two loops are the
 whole idea, forward and backward (JAX scaling book "collective matmul"; Wang et al. 2023;
 Megatron's TP communication overlap; torchtitan's async TP).
+
+At the end, the layers that the TP plan picks under `--tp-overlap` (`tensor.OVERLAP_STYLES`)
+in place of plain tensor parallelism's: `AllGatherLinears`, a block's q, k, v (or gate,
+up) in one ring trip, standing in for the reference model's seam `Attention.qkv` (or
+`MLP.gate_up`); `CollectiveColumnParallelLinear`, the output head; and
+`CollectiveRowParallelLinear`. They compute with the weights `tensor.py` split, unchanged.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
@@ -97,20 +104,17 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 class _AllGatherLinear(torch.autograd.Function):
     """Column-parallel under SP: x_r [b, s/t, h] -> y_i = X W_i^T [b, s, o_i] for every
     weight W_i of the layers that read the same input (q, k, v; gate, up), the all-gather
-    of X hidden behind the products. X itself is returned too (not differentiable): the
-    caller reads its shape, and the backward keeps it for dW_i = dY_i^T X."""
+    of X hidden behind the products. The backward keeps X for dW_i = dY_i^T X."""
 
     @staticmethod
     def forward(ctx, x, axis, dim, *weights):
         chunks, results = all_gather_matmul(x, lambda c, xc: [F.linear(xc, w) for w in weights], axis)
-        gathered = torch.cat(chunks, dim)
-        ctx.save_for_backward(gathered, *weights)
+        ctx.save_for_backward(torch.cat(chunks, dim), *weights)
         ctx.axis, ctx.dim = axis, dim
-        ctx.mark_non_differentiable(gathered)
-        return (gathered, *[torch.cat(ys, dim) for ys in zip(*results)])
+        return tuple(torch.cat(ys, dim) for ys in zip(*results))
 
     @staticmethod
-    def backward(ctx, _, *dys):
+    def backward(ctx, *dys):
         gathered, *weights = ctx.saved_tensors
         axis, dim = ctx.axis, ctx.dim
 
@@ -147,12 +151,65 @@ class _LinearReduceScatter(torch.autograd.Function):
         return dx, dw, None, None
 
 
-def all_gather_linear(x_local, weights, axis: Axis, dim: int):
-    """(the gathered X, [X W^T for each W in weights]) with the all-gather overlapped."""
-    gathered, *ys = _AllGatherLinear.apply(x_local, axis, dim, *weights)
-    return gathered, ys
+# ----------------------------------------------------------------- the layers the TP plan picks
+# Under `--tp-overlap` the plan (`tensor.OVERLAP_STYLES`) splits the weights as without it,
+# then computes with them here: each block enters the TP region through one collective
+# matmul of its input projections, each row-parallel layer leaves through the other.
+SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
 
 
-def linear_reduce_scatter(x, weight, axis: Axis, dim: int):
-    """This rank's chunk (along `dim`) of the sum over ranks of x W^T, overlapped."""
-    return _LinearReduceScatter.apply(x, weight, axis, dim)
+class AllGatherLinears:
+    """Column-parallel layers that read one sequence-sharded input (q, k, v; gate, up; or the
+    head alone), all computed in one trip round the ring: each chunk of the sequence is
+    multiplied by every layer's weight as it goes by. It owns no parameter: the layers keep
+    theirs, and their names."""
+
+    def __init__(self, linears, axis: Axis):
+        self.linears, self.axis = list(linears), axis
+
+    def __call__(self, x):
+        ys = _AllGatherLinear.apply(x, self.axis, SEQ_DIM, *[m.weight for m in self.linears])
+        return tuple(y if m.bias is None else y + m.bias for m, y in zip(self.linears, ys))
+
+
+# The reference model's seams through which a block's input meets its column-parallel
+# layers (`Attention.qkv`, `MLP.gate_up`), with those layers in the order the seam returns them.
+INPUT_PROJECTIONS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+
+
+def enter_by_collective_matmul(block: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+    """The plan's "enter" under `--tp-overlap`: rather than all-gather the block's input and
+    then multiply, the block's seam becomes one `AllGatherLinears` of its (already split)
+    projections. One trip round the ring serves q, k and v, where one all-gather did."""
+    for seam, names in INPUT_PROJECTIONS.items():
+        if hasattr(block, seam):
+            setattr(block, seam, AllGatherLinears([getattr(block, n) for n in names], axis))
+    return block
+
+
+class CollectiveColumnParallelLinear(nn.Module):
+    """The output head under `--tp-overlap`: column-parallel, entering the TP region by
+    itself, its all-gather hidden behind its matmul. It takes over the shards of a
+    `ColumnParallelLinear`."""
+
+    def __init__(self, col: nn.Module, axis: Axis):
+        super().__init__()
+        self.axis, self.weight, self.bias = axis, col.weight, col.bias
+
+    def forward(self, x):
+        (y,) = AllGatherLinears([self], self.axis)(x)
+        return y
+
+
+class CollectiveRowParallelLinear(nn.Module):
+    """A row-parallel layer under `--tp-overlap`: its reduce-scatter hidden behind its
+    matmul, chunk by chunk. It takes over the shards of a `RowParallelLinear` (the bias,
+    replicated, is added after the sum)."""
+
+    def __init__(self, row: nn.Module, axis: Axis):
+        super().__init__()
+        self.axis, self.weight, self.bias = axis, row.weight, row.bias
+
+    def forward(self, x):
+        y = _LinearReduceScatter.apply(x, self.weight, self.axis, SEQ_DIM)
+        return y if self.bias is None else y + self.bias

@@ -34,6 +34,7 @@ import torch
 
 from .. import comm
 from ..comm import Axis
+from ..config import ConfigError, unknown
 from . import regions
 from ..model import causal_attention
 
@@ -352,7 +353,7 @@ CORES = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ul
 def apply_context_parallel(model, cp_axis: Axis, impl: str = "ring"):
     """Make every attention layer of `model` context-parallel over `cp_axis`."""
     if impl not in CORES:
-        raise ValueError(f"--cp-impl {impl!r} is unknown; choose one of {', '.join(CORES)}")
+        raise ConfigError(unknown("--cp-impl", impl, CORES))
     core = functools.partial(CORES[impl], axis=cp_axis)
     for layer in model.layers.values():
         layer.self_attn.core = core

@@ -20,15 +20,13 @@ The optimizer is the training loop's: it updates `optimizer_params()`, and the l
 """
 from __future__ import annotations
 
-import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
 
-from .. import comm
+from .. import comm, events
 from ..comm import Axis
-from .tensor import sum_partial_grads
 
 
 # ------------------------------------------------------------------------ buckets
@@ -92,10 +90,6 @@ class Shard(NamedTuple):
     key: torch.Tensor
 
 
-def nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
 # ------------------------------------------------------------------- the wrapper
 class DataParallel:
     """Sums the gradients of `modules` over `axis`: every rank ends up with the same
@@ -113,9 +107,9 @@ class DataParallel:
         self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
         self.bucket_mb = bucket_mb
         self.sync = True
-        # Set to a list to record when each bucket's collective is launched, completes and
-        # is waited for (the book's overlap timeline); None, the default, records nothing.
-        self.timeline: list | None = None
+        # what completes the gradients after the reduction (`parallelize` assembles it: the
+        # TP-partial gradients of norms under SP, a tied embedding's two copies)
+        self.after_reduce: list[Callable[[list], None]] = []
         self.buckets = self._make_buckets(modules, bucket_mb)
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         if not self.naive:
@@ -159,42 +153,29 @@ class DataParallel:
             if p.grad is not None and p.grad.data_ptr() != g.data_ptr():
                 g.copy_(p.grad)         # someone replaced .grad: take it back
             p.grad = g
-        b.pending = comm.all_reduce(b.flat, self.axis, async_op=True)
-        if self.timeline is not None:
-            self._mark_launch(b)
+        with events.inside(bucket=self.buckets.index(b)):
+            b.pending = comm.all_reduce(b.flat, self.axis, async_op=True)
 
     def _wait(self, b) -> torch.Tensor | None:
         """Wait for bucket b's collective, if one is in flight; return its result."""
         if b.pending is None:
             return None
         handle, b.pending = b.pending, None
-        out = handle.wait()
-        if self.timeline is not None:
-            self.timeline.append(("done", self.buckets.index(b), time.perf_counter()))
-        return out
+        return handle.wait()
 
     def _finish(self, b: Bucket):
         self._wait(b)                   # the all-reduce sums into the bucket in place
 
-    def _mark_launch(self, b):
-        """Timeline: "launch" now, "complete" when the collective has finished (its future's
-        callback, which may run long before anyone waits), "done" in _wait (wait returned)."""
-        i = self.buckets.index(b)
-        self.timeline.append(("launch", i, time.perf_counter()))
-        future = b.pending.get_future()     # None where the backend gives none
-        if future is not None:
-            future.add_done_callback(
-                lambda _, i=i: self.timeline.append(("complete", i, time.perf_counter())))
-
     def finish_backward(self):
-        """After the last backward of the step: every gradient summed over the group, and
-        then (sequence parallelism) the TP-partial ones over TP, once for the step."""
+        """After the last backward of the step: every gradient summed over the group, then
+        completed by the `after_reduce` steps (once for the step: sums commute)."""
         if self.naive:
             for b in self.buckets:
                 self._launch(b)
         for b in self.buckets:
             self._finish(b)
-        sum_partial_grads(self.grads())
+        for complete in self.after_reduce:
+            complete(self.grads())
 
     # -- what the loop, the optimizer and checkpoints see --------------------------------
     def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
@@ -219,5 +200,5 @@ class DataParallel:
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds in parameters and gradients, counted from the tensors
         themselves (not from a formula), between steps."""
-        return {"params": nbytes(p.data for p in self.params),
-                "grads": nbytes(p.grad for p in self.params)}
+        return {"params": comm.nbytes(*(p.data for p in self.params)),
+                "grads": comm.nbytes(*(p.grad for p in self.params))}

@@ -21,20 +21,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..config import SCHEDULES, ConfigError
-from ..formulas.pipeline_parallel import bubble_fraction, split_layers
+from ..config import ConfigError, positive, schedule_problems
 
-__all__ = [
-    "Action", "Event", "Timeline", "ScheduleError", "SCHEDULES",
-    "make_schedule", "simulate", "peak_in_flight", "check_schedule", "dependencies",
-    "split_layers", "stage_of", "rank_and_chunk", "timeline_from_events", "bubble_fraction",
-    "bubble_formula", "Message", "inputs_of", "outputs_of", "p2p_plan", "check_p2p_plan",
-]
-
-# The chapter's two closed forms, written once in `minipar.formulas` with every other:
-# the bubble of each schedule (`bubble_fraction`; `bubble_formula` is its older name here)
-# and the executor's stage split (`split_layers`).
-bubble_formula = bubble_fraction
+# The chapter's closed forms (the bubble of each schedule, the stage split) are in
+# `minipar.formulas.pipeline_parallel`, with the other chapters' formulas.
 
 
 class ScheduleError(ValueError):
@@ -92,18 +82,13 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int 
     Errors (`ConfigError`, a ValueError) name the CLI flag and the rule broken.
     """
     p, m, v = n_stages, n_microbatches, n_virtual
-    if name not in SCHEDULES:
-        raise ConfigError(f"--schedule {name!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-    if p < 1:
-        raise ConfigError(f"--pp {p} must be a positive integer")
-    if m < 1:
-        raise ConfigError(f"--microbatches {m} must be a positive integer")
-    if v < 1:
-        raise ConfigError(f"--virtual-stages {v} must be a positive integer")
+    # The layout's rules (`config.schedule_problems`), but with a group size of its own,
+    # `consecutive`, "m a multiple of p" (rule "groups") gives way to the rules below.
+    bad = positive(pp=p, microbatches=m, virtual_stages=v) or [
+        b for b in schedule_problems(name, p, m, v) if consecutive is None or b.rule != "groups"]
+    if bad:
+        raise ConfigError(*bad)
     if name != "interleaved":
-        if v > 1:
-            raise ConfigError(f"--virtual-stages {v} needs --schedule interleaved "
-                              f"(schedule {name!r} has one chunk per rank)")
         if consecutive is not None:
             raise ConfigError(f"consecutive micro-batches only apply to --schedule interleaved, "
                               f"not {name!r}")
@@ -111,9 +96,6 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int 
     n = p if consecutive is None else consecutive
     if n < 1:
         raise ConfigError(f"consecutive={n} micro-batches per chunk must be a positive integer")
-    if consecutive is None and m % p:
-        raise ConfigError(f"--schedule interleaved needs --microbatches ({m}) to be a multiple "
-                          f"of --pp {p}: micro-batches go through each chunk in groups of p")
     if m % n:
         raise ConfigError(f"--schedule interleaved with {n} consecutive micro-batches needs "
                           f"--microbatches ({m}) to be a multiple of {n}")

@@ -28,12 +28,13 @@ The embedding and the output head are split along the vocabulary (Llama 3's 128K
 2 GB in bf16), and the loss is computed from each rank's slice of the logits without ever
 gathering them: `vocab_parallel_cross_entropy_sum`.
 
-With `overlap` (`--tp-overlap`, SP only) the all-gather into a block and the
-reduce-scatter out of it are not waited for: each is cut into t ring steps that run behind
-the matmul they feed (`collective_matmul`, section "Hiding TP communication").
-
 `apply_tensor_parallel` turns the reference model into this, in place, by the table
-`TP_PLAN`: module name pattern -> style. Its weights are the reference's, sliced.
+`TP_PLAN`: module name pattern -> style, and a table from each style to the layer that
+does it (`STYLES`). Its weights are the reference's, sliced. With `overlap`
+(`--tp-overlap`, SP only) a second table (`OVERLAP_STYLES`) splits the same weights but
+picks the layers of `collective_matmul` (section "Hiding TP communication"): the all-gather
+into a block and the reduce-scatter out of it are each cut into t ring steps that run
+behind the matmul they feed.
 """
 from __future__ import annotations
 
@@ -47,9 +48,8 @@ from .. import comm
 from ..comm import Axis
 from ..model import cross_entropy_sum
 from . import regions
-from .collective_matmul import all_gather_linear, linear_reduce_scatter
-
-SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
+from .collective_matmul import (SEQ_DIM, CollectiveColumnParallelLinear, CollectiveRowParallelLinear,
+                                enter_by_collective_matmul)
 
 
 # ----------------------------------------------------------------- entering and leaving
@@ -96,6 +96,13 @@ def sum_grad_over_tp(p: nn.Parameter, axis: Axis) -> nn.Parameter:
     return p
 
 
+def replica_over_tp(p: nn.Parameter, axis: Axis, sp: bool) -> nn.Parameter:
+    """A weight every TP rank holds whole (a norm's, a row-parallel bias): counted once,
+    and under SP its gradient is a partial sum."""
+    mark_replica(p, "tp")
+    return sum_grad_over_tp(p, axis) if sp else p
+
+
 def sum_partial_grads(grads) -> None:
     """Complete, in place, the gradients marked by `sum_grad_over_tp`, given as (gradient
     this rank holds, parameter) pairs: one all-reduce over TP of all of them, once per step.
@@ -115,63 +122,36 @@ def sum_partial_grads(grads) -> None:
 
 # ------------------------------------------------------------------------ the layers
 class ColumnParallelLinear(nn.Module):
-    """y_r = x A_r^T (+ b_r): this rank's slice of the output features.
+    """y_r = x A_r^T (+ b_r): this rank's slice of the output features, from the whole x.
 
-    `enters`: this layer brings its own input into the TP region (f, or the SP all-gather).
-    False when its parent did that once for several siblings that read the same input
-    (q, k, v; gate, up): one collective per block, not one per matrix.
-    `overlap` (SP): the all-gather runs behind the matmul (`all_gather_linear`); a sibling
-    that does not enter finds its product already computed by the parent's entry, which
-    multiplied each chunk by every sibling's weight as the chunk went by (`product`).
-    """
+    x is already in the TP region: the plan entered it (f, or the SP all-gather) once for
+    every layer that reads it (q, k, v; gate, up), not once per matrix (`entered`)."""
 
-    def __init__(self, linear: nn.Linear, axis: Axis, enters: bool = True, sp: bool = False,
-                 overlap: bool = False):
+    def __init__(self, linear: nn.Linear, axis: Axis):
         super().__init__()
-        if linear.out_features % axis.size:
-            raise ValueError(f"--tp {axis.size} does not divide out_features={linear.out_features}")
-        self.axis, self.enters, self.sp, self.overlap = axis, enters, sp, overlap
-        self.in_features, self.out_features = linear.in_features, linear.out_features // axis.size
         self.weight = shard_param(linear.weight, axis, dim=0)
         self.bias = shard_param(linear.bias, axis, dim=0) if linear.bias is not None else None
-        self.product = None      # overlap: (gathered input, its product), left by the entry
 
     def forward(self, x):
-        if self.overlap and self.enters:
-            _, (y,) = all_gather_linear(x, [self.weight], self.axis, SEQ_DIM)
-        elif self.product is not None and x is self.product[0]:
-            y, self.product = self.product[1], None
-        else:
-            if self.enters:
-                x = enter_tp(x, self.axis, self.sp)
-            return F.linear(x, self.weight, self.bias)
-        return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """y = g(x_r A_r^T) + b: this rank's slice of the input features in, the sum out.
+    """y = g(x_r A_r^T) + b: this rank's slice of the input features in, the sum out
+    (under SP the reduce-scatter: this rank's slice of the sequence of the sum).
 
     The bias is added after the reduction: added before, it would be counted t times.
     """
 
-    def __init__(self, linear: nn.Linear, axis: Axis, sp: bool = False, overlap: bool = False):
+    def __init__(self, linear: nn.Linear, axis: Axis, sp: bool = False):
         super().__init__()
-        if linear.in_features % axis.size:
-            raise ValueError(f"--tp {axis.size} does not divide in_features={linear.in_features}")
-        self.axis, self.sp, self.overlap = axis, sp, overlap
-        self.in_features, self.out_features = linear.in_features // axis.size, linear.out_features
+        self.axis, self.sp = axis, sp
         self.weight = shard_param(linear.weight, axis, dim=1)
-        self.bias = None
-        if linear.bias is not None:     # replicated; under SP it meets only this rank's tokens
-            self.bias = mark_replica(nn.Parameter(linear.bias.detach().clone()), "tp")
-            if sp:
-                sum_grad_over_tp(self.bias, axis)
+        bias = linear.bias           # replicated: the same on every rank, added after the sum
+        self.bias = None if bias is None else replica_over_tp(nn.Parameter(bias.detach().clone()), axis, sp)
 
     def forward(self, x):
-        if self.overlap:    # the reduce-scatter runs behind the matmul, chunk by chunk
-            y = linear_reduce_scatter(x, self.weight, self.axis, SEQ_DIM)
-        else:
-            y = exit_tp(F.linear(x, self.weight), self.axis, self.sp)
+        y = exit_tp(F.linear(x, self.weight), self.axis, self.sp)
         return y if self.bias is None else y + self.bias
 
 
@@ -182,11 +162,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, embedding: nn.Embedding, axis: Axis, sp: bool = False):
         super().__init__()
-        vocab = embedding.num_embeddings
-        if vocab % axis.size:
-            raise ValueError(f"--tp {axis.size} does not divide vocab_size={vocab}")
         self.axis, self.sp = axis, sp
-        self.rows = vocab // axis.size
+        self.rows = embedding.num_embeddings // axis.size
         self.start = axis.rank * self.rows
         self.weight = shard_param(embedding.weight, axis, dim=0)
 
@@ -244,7 +221,8 @@ def vocab_parallel_cross_entropy_sum(logits_local, targets, tp_axis: Axis):
 #   vocab_embedding  rows of the table split over the vocabulary, output summed (g / RS)
 #   replicated       the same weight on every rank (norms); under SP its input is sharded
 #   enter            the block's input enters the TP region once: f, or the SP all-gather
-#   colwise          column-parallel, input already entered by its parent
+#                    (under --tp-overlap: one collective matmul of its q, k, v or gate, up)
+#   colwise          column-parallel, its input entered by its block
 #   rowwise          row-parallel, output summed (g) or reduce-scattered (SP)
 #   head             column-parallel over the vocabulary, entering by itself; its logits
 #                    stay split for the vocab-parallel loss
@@ -267,45 +245,38 @@ TP_PLAN: tuple[tuple[str, str], ...] = (
 
 
 def style_of(name: str, plan=TP_PLAN) -> str | None:
-    for pattern, style in plan:
-        if fnmatch.fnmatchcase(name, pattern):
-            return style
-    return None
+    return next((style for pattern, style in plan if fnmatch.fnmatchcase(name, pattern)), None)
 
 
-def _replicated(module: nn.Module, axis: Axis, sp: bool, overlap: bool = False) -> nn.Module:
+def replicated(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+    """Its weights stay whole on every rank (`replica_over_tp`)."""
     for p in module.parameters(recurse=False):
-        mark_replica(p, "tp")
-        if sp:
-            sum_grad_over_tp(p, axis)
+        replica_over_tp(p, axis, sp)
     return module
 
 
-def _enter(module: nn.Module, axis: Axis, sp: bool, overlap: bool = False) -> nn.Module:
-    def pre_hook(mod, args):
-        x, *rest = args
-        return (enter_tp(x, axis, sp), *rest)
-
-    def overlapped_pre_hook(mod, args):
-        # one trip round the ring for the whole block: each chunk of the sequence is
-        # multiplied by every column-parallel child's weight (q, k, v) as it goes by
-        x, *rest = args
-        children = [m for m in mod.children() if isinstance(m, ColumnParallelLinear)]
-        gathered, ys = all_gather_linear(x, [m.weight for m in children], axis, SEQ_DIM)
-        for m, y in zip(children, ys):
-            m.product = (gathered, y)
-        return (gathered, *rest)
-    module.register_forward_pre_hook(overlapped_pre_hook if overlap else pre_hook)
+def entered(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+    """`module`'s input enters the TP region before its forward runs, once for all the
+    column-parallel layers inside that read it."""
+    module.register_forward_pre_hook(lambda mod, args: (enter_tp(args[0], axis, sp), *args[1:]))
     return module
 
 
+# style -> the layer that does it: (reference module, TP axis, sp) -> its replacement
 STYLES = {
-    "vocab_embedding": lambda m, axis, sp, overlap: VocabParallelEmbedding(m, axis, sp),
-    "replicated": _replicated,
-    "enter": _enter,
-    "colwise": lambda m, axis, sp, overlap: ColumnParallelLinear(m, axis, False, sp, overlap),
-    "rowwise": lambda m, axis, sp, overlap: RowParallelLinear(m, axis, sp, overlap),
-    "head": lambda m, axis, sp, overlap: ColumnParallelLinear(m, axis, True, sp, overlap),
+    "vocab_embedding": VocabParallelEmbedding,
+    "replicated": replicated,
+    "enter": entered,
+    "colwise": lambda m, axis, sp: ColumnParallelLinear(m, axis),
+    "rowwise": RowParallelLinear,
+    "head": lambda m, axis, sp: entered(ColumnParallelLinear(m, axis), axis, sp),
+}
+# --tp-overlap: the same split, the collective matmul's layers (`collective_matmul`)
+OVERLAP_STYLES = {
+    **STYLES,
+    "enter": enter_by_collective_matmul,
+    "rowwise": lambda m, axis, sp: CollectiveRowParallelLinear(RowParallelLinear(m, axis, sp), axis),
+    "head": lambda m, axis, sp: CollectiveColumnParallelLinear(ColumnParallelLinear(m, axis), axis),
 }
 
 
@@ -313,19 +284,16 @@ def apply_tensor_parallel(model: nn.Module, tp_axis: Axis, sp: bool = False, pla
                           overlap: bool = False):
     """Split `model` (the reference Transformer, or a pipeline stage of it) over `tp_axis`,
     in place, by `plan`; return it. Modules the plan does not name are left alone.
-    `overlap` (needs `sp`): the collective matmul of `collective_matmul`."""
-    if overlap and not sp:
-        raise ValueError("--tp-overlap needs --sp (it overlaps SP's all-gather and reduce-scatter)")
+    `overlap` (needs `sp`): the collective matmul's layers (`OVERLAP_STYLES`)."""
+    styles = OVERLAP_STYLES if overlap else STYLES
     tied = getattr(model, "lm_head", None) is not None and getattr(model, "embed_tokens", None) \
         is not None and model.lm_head.weight is model.embed_tokens.weight
-    for name, module in list(model.named_modules()):
+    # children before their block: a block's collective matmul computes with their shards
+    for name, module in reversed(list(model.named_modules())):
         style = style_of(name, plan)
-        if style is None:
-            continue
-        new = STYLES[style](module, tp_axis, sp, overlap)
-        if new is not module:
+        if style is not None:
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, new)
+            setattr(model.get_submodule(parent), child, styles[style](module, tp_axis, sp))
     if tied:      # embedding and head split the same way (rows = vocabulary): one shard
         model.lm_head.weight = model.embed_tokens.weight
     return model

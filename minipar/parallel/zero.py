@@ -22,9 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import comm
+from .. import comm, events
 from ..comm import Axis
-from .data import DataParallel, Shard, nbytes
+from .data import DataParallel, Shard
 
 
 # ---------------------------------------------------------------- sharding layout
@@ -114,9 +114,8 @@ class ZeRO1(DataParallel):
     def _launch(self, b: ShardedBucket):
         grads = [p.grad if p.grad is not None else torch.zeros(s, dtype=p.dtype, device=p.device)
                  for p, s in zip(b.params, b.layout.shapes)]
-        b.pending = comm.reduce_scatter(b.layout.pack(grads), self.axis, async_op=True)
-        if self.timeline is not None:
-            self._mark_launch(b)
+        with events.inside(bucket=self.buckets.index(b)):
+            b.pending = comm.reduce_scatter(b.layout.pack(grads), self.axis, async_op=True)
 
     def _finish(self, b: ShardedBucket):
         summed = self._wait(b)
@@ -189,7 +188,7 @@ class ZeRO2(ZeRO1):
 
     def memory_bytes(self) -> dict[str, int]:
         return {**super().memory_bytes(),
-                "grads": nbytes(x.grad for b in self.buckets for x in b.pieces)}
+                "grads": comm.nbytes(*(x.grad for b in self.buckets for x in b.pieces))}
 
 
 # ------------------------------------------------------------------------ ZeRO-3
@@ -288,7 +287,7 @@ class ZeRO3(ZeRO2):
 
     def memory_bytes(self) -> dict[str, int]:
         return {**super().memory_bytes(),
-                "params": nbytes(x for b in self.buckets for x in b.pieces)}
+                "params": comm.nbytes(*(x for b in self.buckets for x in b.pieces))}
 
 
 ZERO_STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}

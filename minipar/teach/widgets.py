@@ -1,12 +1,15 @@
-"""The MFU chapter's what-if explorer and the memory chapter's "will it fit": sliders over
-the cost model.
+"""The one shape of every chapter's explorer, and the two explorers over the cost model:
+the MFU chapter's what-if and the memory chapter's "will it fit".
 
 Each explorer is two layers: a pure drawing function that returns a matplotlib Figure (the
-built book shows that as a static picture, since a static page has no kernel) and a thin
-layer of sliders that calls it again whenever a slider moves. ipywidgets is imported only
-by the slider layer, so the static figures need nothing but matplotlib.
+built book shows that as a static picture, since a static page has no kernel) and its
+controls, declared as data (`choice`, `steps`, `powers`, `slider`, `log_slider`, `toggle`);
+`explorer` turns them into sliders and calls the drawing again whenever one moves.
+ipywidgets is imported only there, so the static figures need nothing but matplotlib.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
@@ -16,6 +19,90 @@ from ..costmodel.memory import memory_of_rank
 from ..costmodel.workload import layout_problems, make_workload
 from .style import AXES, COLORS, INVALID, stacked_bars
 
+
+# ---------------------------------------------------------------- controls, declared as data
+@dataclass(frozen=True)
+class Control:
+    """One control of an explorer: a dropdown ("choice"), a slider over listed values
+    ("steps"), a number slider ("int", "float"; `values` = (min, max, step)), a slider over
+    powers of ten ("log"; `values` = (min exponent, max exponent)) or a checkbox ("toggle")."""
+    kind: str
+    values: tuple = ()
+    label: str | None = None         # default: the name of the value it sets
+
+
+def choice(options, label=None) -> Control:
+    return Control("choice", tuple(options), label)
+
+
+def steps(options, label=None) -> Control:
+    return Control("steps", tuple(options), label)
+
+
+def powers(lo: int, hi: int, label=None) -> Control:
+    """A slider over 2**lo ... 2**hi."""
+    return steps([2**i for i in range(lo, hi + 1)], label)
+
+
+def slider(lo, hi, step=None, label=None) -> Control:
+    whole = all(isinstance(v, int) for v in (lo, hi, step or 1))
+    return Control("int" if whole else "float", (lo, hi, step or (1 if whole else 0.1)), label)
+
+
+def log_slider(lo: float, hi: float, label=None) -> Control:
+    """A slider over 10**lo ... 10**hi."""
+    return Control("log", (lo, hi), label)
+
+
+def toggle(label=None) -> Control:
+    return Control("toggle", (), label)
+
+
+def widget(name: str, control: Control, value):
+    """The ipywidget of `control`, set to `value`."""
+    import ipywidgets as w   # here, not at the top: optional, only the live explorers need it
+
+    label, v = control.label or name, control.values
+    make = {"choice": lambda: w.Dropdown(options=list(v), value=value, description=label),
+            "steps": lambda: w.SelectionSlider(options=list(v), value=value, description=label),
+            "int": lambda: w.IntSlider(value=value, min=v[0], max=v[1], step=v[2], description=label),
+            "float": lambda: w.FloatSlider(value=value, min=v[0], max=v[1], step=v[2], description=label),
+            "log": lambda: w.FloatLogSlider(value=value, base=10, min=v[0], max=v[1], description=label),
+            "toggle": lambda: w.Checkbox(value=value, description=label)}
+    return make[control.kind]()
+
+
+def explorer(controls: dict[str, Control], draw, values: dict, split: int):
+    """The live explorer of every chapter: `controls` (name -> Control) start at `values`,
+    and `draw(**values)` (the chapter's `figure`) redraws with the controls' values."""
+    widgets = {name: widget(name, c, values[name]) for name, c in controls.items()}
+    return live_panel(widgets, lambda moved: draw(**{**values, **moved}), split)
+
+
+def live_panel(controls: dict, draw, split: int):
+    """Controls in two columns (the first `split`, then the rest) above a figure that
+    `draw(values)` redraws on every change: the one layout of every explorer."""
+    import ipywidgets as w   # here, not at the top: optional, only the live explorers need it
+    from IPython.display import display   # installed with ipywidgets
+
+    out = w.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            fig = draw({k: c.value for k, c in controls.items()})
+            display(fig)
+            plt.close(fig)
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    redraw()
+    names = list(controls)
+    return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:split]]),
+                           w.VBox([controls[k] for k in names[split:]])]), out])
+
+
+# ---------------------------------------------------------------- what if (MFU chapter)
 WHATIF_DEFAULTS = dict(tp=8, cp=1, pp=16, dp=64, microbatch_size=1, seq_len=8192,
                        schedule="interleaved", virtual_stages=8, recompute="none", zero=1,
                        cp_impl="allgather", global_batch_tokens=2048 * 8192)
@@ -124,58 +211,20 @@ def static_whatif(model=None, cluster=None, **layout):
     return whatif_figure(model, cluster, **layout)
 
 
-def _controls(kw: dict) -> dict:
-    """One slider or dropdown per layout knob, starting at `kw`'s values."""
-    import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
-
-    def slider(key, lo, hi, label):   # powers of two from 2**lo to 2**hi
-        return w.SelectionSlider(options=[2**i for i in range(lo, hi + 1)], value=kw[key],
-                                 description=label)
-
-    return {
-        "tp": slider("tp", 0, 4, "tp"), "cp": slider("cp", 0, 6, "cp"),
-        "pp": slider("pp", 0, 6, "pp"), "dp": slider("dp", 0, 11, "dp"),
-        "microbatch_size": slider("microbatch_size", 0, 4, "micro-batch"),
-        "seq_len": slider("seq_len", 11, 17, "seq len"),
-        "schedule": w.Dropdown(options=["afab", "1f1b", "interleaved", "zb"], value=kw["schedule"],
-                               description="schedule"),
-        "virtual_stages": slider("virtual_stages", 0, 4, "chunks v"),
-        "recompute": w.Dropdown(options=["none", "selective", "full"], value=kw["recompute"],
-                                description="recompute"),
-        "zero": w.Dropdown(options=[0, 1, 2, 3], value=kw["zero"], description="ZeRO"),
-    }
+WHATIF_CONTROLS = {  # one slider or dropdown per layout knob
+    "tp": powers(0, 4), "cp": powers(0, 6), "pp": powers(0, 6), "dp": powers(0, 11),
+    "microbatch_size": powers(0, 4, "micro-batch"), "seq_len": powers(11, 17, "seq len"),
+    "schedule": choice(["afab", "1f1b", "interleaved", "zb"]),
+    "virtual_stages": powers(0, 4, "chunks v"), "recompute": choice(["none", "selective", "full"]),
+    "zero": choice([0, 1, 2, 3], "ZeRO"),
+}
 
 
 def whatif(model=None, cluster=None, **defaults):
     """The live explorer: sliders for tp, cp, pp, dp, micro-batch size, sequence length,
     schedule, chunks, recompute and ZeRO; the panel below redraws on every change."""
-    kw = {**WHATIF_DEFAULTS, **defaults}
-    controls = _controls(kw)
-    return live_panel(controls, lambda values: whatif_figure(model, cluster, **{**kw, **values}),
-                      split=5)
-
-
-def live_panel(controls: dict, draw, split: int):
-    """Controls in two columns (the first `split`, then the rest) above a figure that
-    `draw(values)` redraws on every change: the one layout of every explorer."""
-    import ipywidgets as w   # here, not at the top: optional, only the live explorers need it
-    from IPython.display import display   # installed with ipywidgets
-
-    out = w.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            fig = draw({k: c.value for k, c in controls.items()})
-            display(fig)
-            plt.close(fig)
-
-    for c in controls.values():
-        c.observe(redraw, names="value")
-    redraw()
-    names = list(controls)
-    return w.VBox([w.HBox([w.VBox([controls[k] for k in names[:split]]),
-                           w.VBox([controls[k] for k in names[split:]])]), out])
+    return explorer(WHATIF_CONTROLS, lambda **kw: whatif_figure(model, cluster, **kw),
+                    {**WHATIF_DEFAULTS, **defaults}, split=5)
 
 
 # ---------------------------------------------------------------- will it fit (memory chapter)
@@ -227,11 +276,5 @@ def fit_figure(**layout):
 def will_it_fit(**defaults):
     """The live "will it fit" explorer: the what-if sliders, plus the model and precision;
     the per-rank memory redraws on every change."""
-    import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
-
-    kw = {**FIT_DEFAULTS, **defaults}
-    controls = _controls(kw)
-    controls["model"] = w.Dropdown(options=list(PRESETS), value=kw["model"], description="model")
-    controls["precision"] = w.Dropdown(options=list(PRECISIONS), value=kw["precision"],
-                                       description="precision")
-    return live_panel(controls, lambda values: fit_figure(**{**kw, **values}), split=6)
+    controls = {**WHATIF_CONTROLS, "model": choice(PRESETS), "precision": choice(PRECISIONS)}
+    return explorer(controls, fit_figure, {**FIT_DEFAULTS, **defaults}, split=6)

@@ -9,7 +9,8 @@ from ... import profile
 from ...config import ParallelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER, Cluster
 from ...grid import AXES, ProcessGrid
-from ...train import TrainConfig, train
+from ...config import TrainConfig
+from ...train import train
 from ... import placement as place
 from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, right,
                    wrong)
@@ -123,25 +124,28 @@ def _rank0_comm(tp: int, dp: int) -> dict:
     return out["all"][0]["comm"]
 
 
-@exercise("cluster", "predict")
-def check_bytes_leaving_server(prediction, tp: int = 2, dp: int = 2,
-                               gpus_per_node: int = 2) -> Verdict:
-    """Predict the wire bytes rank 0 sends per step over links that leave its server, for
-    `tiny` under --tp tp --dp dp on servers of `gpus_per_node`; then run one step and add
-    the bytes CommLog counted on every axis whose group leaves rank 0's server."""
-    if prediction is None:
-        return Verdict(None, NOT_ANSWERED)
+def leaving_bytes(tp: int, dp: int, gpus_per_node: int) -> tuple[int, list[str]]:
+    """The wire bytes rank 0 sent in one step of `tiny` on every axis whose group leaves its
+    server (servers of `gpus_per_node`), and those axes."""
     comm = _rank0_comm(tp, dp)
     grid = ProcessGrid(tp=tp, dp=dp)
     cluster = Cluster(gpus_per_node=gpus_per_node, pod_size=LLAMA3_CLUSTER.pod_size)
-    leaving = {a for a in ("tp", "dp", "world")
-               if any(place.link(0, r, cluster) != "NVLink" for r in grid.axes[a].ranks)}
-    sent = sum(st["wire_bytes"] for axis, ops in comm.items()
-               if axis in leaving for st in ops.values())
-    verdict = predicted(prediction, sent, "bytes leaving the server", 1e-4,
-                        "the loss and gradient-norm scalars cross too: a few bytes")
-    verdict.message += f" Axes that left the server: {sorted(leaving)}."
-    return verdict
+    leaving = sorted(a for a in ("tp", "dp", "world")
+                     if any(place.link(0, r, cluster) != "NVLink" for r in grid.axes[a].ranks))
+    return sum(st["wire_bytes"] for axis in leaving for st in comm.get(axis, {}).values()), leaving
+
+
+@exercise("cluster", "predict")
+def check_bytes_leaving_server(prediction, tp: int = 2, dp: int = 2,
+                               gpus_per_node: int = 2, reveal: bool = False) -> Verdict:
+    """Predict the wire bytes rank 0 sends per step over links that leave its server, for
+    `tiny` under --tp tp --dp dp on servers of `gpus_per_node`; then run one step and add
+    the bytes CommLog counted on every axis whose group leaves rank 0's server."""
+    return predicted(prediction, lambda: leaving_bytes(tp, dp, gpus_per_node)[0],
+                     "the bytes leaving the server", 1e-4,
+                     "the loss and gradient-norm scalars cross too: a few bytes", unit="B",
+                     reveal=reveal, details=lambda: " Axes that left the server: "
+                                                    f"{leaving_bytes(tp, dp, gpus_per_node)[1]}.")
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

@@ -15,7 +15,7 @@ from .core import Tolerance, Verdict, exercise, first_difference, number, on_ran
 def check_ring_allreduce_bytes(n: int, size: int, answer) -> Verdict:
     """Bytes one rank sends in a ring all-reduce of `size` bytes over `n` ranks."""
     want = wire_bytes("all_reduce", n, size)
-    return number(answer, want, "bytes sent per rank", rel=1e-6, hints=[
+    return number(answer, want, "the bytes sent per rank", rel=1e-6, unit="B", hints=[
         (size, "that is the payload each rank hands in; count what the ring sends: a "
                "reduce-scatter phase and an all-gather phase."),
         ((n - 1) * size / n, "that is one phase (reduce-scatter or all-gather); an "
@@ -134,12 +134,12 @@ def measured_step_bytes() -> int:
 
 
 @exercise("collectives", "predict")
-def check_predict_step_bytes(prediction, measured: int | None = None) -> Verdict:
+def check_predict_step_bytes(prediction, measured: int | None = None, reveal: bool = False) -> Verdict:
     """Predict the bytes one rank sends (CommLog's wire bytes) for the step of
     `_logged_step`, then run it on 4 gloo ranks and compare (ratio reported)."""
     return predicted(prediction, measured_step_bytes if measured is None else measured,
-                     "bytes one rank sent", rel=1e-9,
-                     why="CommLog counts the ring formula's bytes exactly")
+                     "the bytes one rank sent", rel=1e-9,
+                     why="CommLog counts the ring formula's bytes exactly", unit="B", reveal=reveal)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

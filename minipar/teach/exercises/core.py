@@ -2,17 +2,20 @@
 an independent reference run on real gloo ranks.
 
 A check takes the reader's answer (a number) or implementation (a function with the
-signature the exercise states) and returns a `Verdict`: "Not answered yet" for None,
-"Correct" for a right answer, and for a wrong one what is off, never the solution. Code
-is run on `world` gloo ranks against the single-device reference, at every step; a wrong
-tensor is reported by step, rank and name, with its first wrong element and the largest
-difference, against a tolerance that says why it is what it is.
+signature the exercise states) and returns a `Verdict`, one line: "Not answered yet" for
+None, "Correct" for a right answer, and for a wrong one what is off, never the solution.
+A number is right within a relative tolerance every verdict states, and may come with its
+unit ("50.7 GB", read by `units`). Code is run on `world` gloo ranks against the
+single-device reference, at every step; a wrong tensor is reported by step, rank and name,
+with its first wrong element and the largest difference, against a tolerance that says why
+it is what it is.
 
 Every check is registered with `@exercise(chapter, kind)`, so the tests can ask each
 chapter for its exercises and the book cannot name a check that does not exist. Kinds:
 - "number":    compute a number from the chapter's model;
 - "predict":   predict a number from the chapter's model, then run minipar and compare
-               (the check reports the ratio of the run to the prediction);
+               (the check reports the ratio of the run to the prediction, once the
+               prediction is a reasonable attempt or the reader asks: `reveals`);
 - "bug":       a broken variant (teach/exercises/variants) to find and fix;
 - "implement": write the piece with torch.distributed / autograd;
 - "schedule":  build an action list, checked by the simulator before it runs on ranks.
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ...launch import RankFailed, run_local
+from .units import read, shown, wanted
 
 NOT_ANSWERED = "Not answered yet: replace None with your answer and run the cell again."
 KINDS = ("number", "predict", "bug", "implement", "schedule")
@@ -52,7 +56,8 @@ def exercises_of(chapter: str) -> dict[str, str]:
 
 
 class Verdict:
-    """The outcome of a check: ok is True (right), False (wrong) or None (no answer yet)."""
+    """The outcome of a check: ok is True (right), False (wrong) or None (no answer yet).
+    A notebook cell shows its message; `print(check_x(...))` prints the same one line."""
 
     def __init__(self, ok: bool | None, message: str):
         self.ok, self.message = ok, message
@@ -63,6 +68,8 @@ class Verdict:
     def __repr__(self) -> str:       # what a notebook cell shows
         return self.message
 
+    __str__ = __repr__
+
 
 def right(message: str) -> Verdict:
     return Verdict(True, "Correct! " + message)
@@ -72,46 +79,120 @@ def wrong(message: str) -> Verdict:
     return Verdict(False, "Not quite: " + message)
 
 
-def number(answer, expected: float, what: str, rel: float = 1e-3, hints=()) -> Verdict:
-    """Compare a numeric answer with `expected` to relative tolerance `rel`.
+def tolerance(rel: float) -> str:
+    """How a verdict states a check's relative tolerance."""
+    return f"{100 * rel:g}%" if rel >= 1e-4 else f"one part in {1 / rel:,.0f}"
+
+
+def unanswered(what: str, unit: str, rel: float, then: str = "") -> Verdict:
+    """No answer yet: what to write, in which unit, and how close counts as right."""
+    return Verdict(None, f"Not answered yet: replace None with {what}, {wanted(unit)}, and run "
+                         f"the cell again{then}. Within {tolerance(rel)} is right.")
+
+
+def _off(a: float, expected: float, unit: str) -> str:
+    """How far a wrong number is: in percent when close, as a factor when far."""
+    side = "too high" if a > expected else "too low"
+    ratio = a / expected if expected else math.inf
+    if not 0.5 <= ratio <= 2:
+        return f"{side} by a factor of {max(ratio, 1 / ratio):.3g}"
+    if abs(ratio - 1) < 1e-4:
+        return f"{side} by {shown(abs(a - expected), unit)}"
+    return f"{100 * abs(ratio - 1):.2g}% {side}"
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def number(answer, expected: float, what: str, rel: float = 1e-3, hints=(), unit: str = "") -> Verdict:
+    """Compare a numeric answer with `expected` to relative tolerance `rel`, which every
+    verdict states. `unit`: the unit of `expected` (a key of units.UNITS, "" for a plain
+    number); a plain number is read in it, a string such as "50.7 GB" converted to it.
 
     hints: (value, message) pairs for the usual mistakes; a wrong answer near one of them
-    gets that message, any other a "too high / too low" with the ratio.
+    gets that message, any other says how far off it is, never the answer.
     """
     if answer is None:
-        return Verdict(None, NOT_ANSWERED)
+        return unanswered(what, unit, rel)
     try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return wrong(f"{what} should be a number, got {answer!r}.")
-    if math.isclose(a, expected, rel_tol=rel, abs_tol=1e-12):
-        return right(f"({what})")   # not the number: the page shows this under the question
+        a = read(answer, unit)
+    except ValueError as e:
+        return wrong(f"{what}: {e}")
+    if _close(a, expected, rel):
+        return right(f"({what}, within {tolerance(rel)})")   # not the number: the page shows this
     for value, message in hints:
-        if math.isclose(a, value, rel_tol=rel, abs_tol=1e-12):
+        if _close(a, value, rel):
             return wrong(message)
-    side = "too high" if a > expected else "too low"
-    ratio = a / expected if expected else float("inf")
-    return wrong(f"{what} = {answer} is {side} (by a factor of {ratio:.3g}).")
+    return wrong(f"{what} = {shown(a, unit)} is {_off(a, expected, unit)}; the check accepts "
+                 f"answers within {tolerance(rel)}.")
 
 
-def predicted(prediction, measured, what: str, rel: float, why: str) -> Verdict:
+# ---------------------------------------------------------------- predict, then run
+# A predicted number is compared with a run, and the run's number is the answer: it is shown
+# only after a reasonable attempt (within a factor of 2, or a second, different prediction)
+# or on request (reveal=True), never after a first wild guess.
+REVEAL_FACTOR = 2.0
+ATTEMPTS: dict[str, set] = {}      # what -> the attempts made so far
+
+
+def near(guess: float, truth: float) -> bool:
+    """A reasonable attempt: within a factor of REVEAL_FACTOR of the truth."""
+    return guess > 0 and 1 / REVEAL_FACTOR <= truth / guess <= REVEAL_FACTOR
+
+
+def reveals(what: str, guess, reveal: bool = False, close: bool = False) -> bool:
+    """Whether a wrong attempt `guess` at `what` may see the answer: on request (`reveal`),
+    when `close` (a reasonable attempt), or from the second, different attempt on. Records
+    the attempt, so running the same cell again is not a second try."""
+    earlier = ATTEMPTS.setdefault(what, set()) - {guess}
+    ATTEMPTS[what].add(guess)
+    return reveal or close or bool(earlier)
+
+
+def hidden(what: str, guess: float, truth: float, unit: str, rel: float, why: str,
+           against: str = "what minipar measured") -> Verdict:
+    """A first, far-off prediction: which side it is on, not the run's number."""
+    side = "above" if guess > truth else "below"
+    return wrong(f"{what} = {shown(guess, unit)} is more than a factor of {REVEAL_FACTOR:g} "
+                 f"{side} {against} (within {tolerance(rel)} is right: {why}). Try "
+                 f"again: the run's number shows once you are within a factor of "
+                 f"{REVEAL_FACTOR:g}, from your second prediction on, or with reveal=True.")
+
+
+def predicted(prediction, measured, what: str, rel: float, why: str, unit: str = "",
+              reveal: bool = False, hints=(), details="") -> Verdict:
     """A predict-then-run exercise: the reader's prediction against a number minipar
     measures. `measured` is that number, or a function that runs minipar and returns it:
-    called only once there is a prediction, so an unanswered exercise runs nothing. Within
-    `rel` (whose reason `why` states) is right; either way the verdict reports the ratio
-    measured / predicted."""
-    if prediction is None:
-        return Verdict(None, NOT_ANSWERED)
+    called only once there is a prediction (or reveal=True), so an unanswered exercise runs
+    nothing. Within `rel` (whose reason `why` states) is right; a wrong prediction near a
+    hint's value gets its message; otherwise the verdict reports run / prediction when
+    `reveals` allows it, appending `details` (more about the run: a string, or a function
+    called after the run) then too."""
+    if prediction is None and not reveal:
+        return unanswered(f"your prediction of {what}", unit, rel, "; the check then runs "
+                          "minipar and compares (reveal=True shows the run without a prediction)")
     try:
-        p = float(prediction)
-    except (TypeError, ValueError):
-        return wrong(f"{what} should be a number, got {prediction!r}.")
-    measured = measured() if callable(measured) else measured
-    ratio = measured / p if p else float("inf")
-    report = f"{what}: run / prediction = {measured:.6g} / {p:.6g} = {ratio:.4f}"
-    if math.isclose(p, measured, rel_tol=rel, abs_tol=1e-12):
-        return right(f"{report} (within {rel:.0e}: {why}).")
-    return wrong(f"{report}; more than {rel:.0e} apart ({why}).")
+        p = None if prediction is None else read(prediction, unit)
+    except ValueError as e:
+        return wrong(f"{what}: {e}")
+    for value, message in hints:
+        if p is not None and _close(p, value, rel):
+            ATTEMPTS.setdefault(what, set()).add(p)
+            return wrong(message)
+    m = measured() if callable(measured) else measured
+    details = details() if callable(details) else details
+    if p is None:
+        return Verdict(None, f"minipar measured {what} = {shown(m, unit)} (no prediction to "
+                             f"compare).{details}")
+    ratio = m / p if p else math.inf
+    report = (f"{what}: run / prediction = {shown(m, unit)} / {shown(p, unit)} = "
+              + (f"{ratio:.4f}" if abs(ratio) < 10 else f"{ratio:.3g}"))
+    if _close(p, m, rel):
+        return right(f"{report} (within {tolerance(rel)}: {why}).{details}")
+    if not reveals(what, p, reveal, near(p, m)):
+        return hidden(what, p, m, unit, rel, why)
+    return wrong(f"{report}; more than {tolerance(rel)} apart ({why}).{details}")
 
 
 def function_given(fn) -> Verdict | None:

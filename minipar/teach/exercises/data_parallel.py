@@ -7,7 +7,8 @@ import torch.distributed as dist
 from ...config import ParallelConfig
 from ...formulas.data_parallel import dp_bytes
 from ...parallel.data import FIRST_BUCKET_MB, make_buckets
-from ...train import TrainConfig, train
+from ...config import TrainConfig
+from ...train import train
 from .core import (FLOAT32, Verdict, at, exercise, first_difference,
                    function_given, number, on_ranks, predicted, right, wrong)
 
@@ -18,7 +19,7 @@ def check_zero_bytes(n_params: int, n: int, zero: int, answer, grad_bytes: int =
     """Bytes one rank sends per step under ZeRO stage `zero` (one micro-batch)."""
     want = dp_bytes(n_params, n, zero, 1, grad_bytes, param_bytes)
     g = n_params * grad_bytes
-    return number(answer, want, f"ZeRO-{zero} bytes per rank", rel=1e-6, hints=[
+    return number(answer, want, f"the ZeRO-{zero} bytes per rank", rel=1e-6, unit="B", hints=[
         (g, "that is the size of the gradients; count what the ring sends over n ranks."),
         ((n - 1) * g / n, "that is only the reduce-scatter of the gradients; the updated "
                           "parameter shards must come back to every rank too."),
@@ -206,13 +207,13 @@ def measured_zero_bytes() -> int:
 
 
 @exercise("data_parallel", "predict")
-def check_predict_zero_bytes(prediction, measured: int | None = None) -> Verdict:
+def check_predict_zero_bytes(prediction, measured: int | None = None, reveal: bool = False) -> Verdict:
     """Predict the data-parallel bytes one rank sends in one step of PREDICT_ZERO, then run
     minipar's trainer on 4 gloo ranks and compare (the ratio is reported)."""
     return predicted(prediction, measured_zero_bytes if measured is None else measured,
-                     "data-parallel bytes one rank sent", rel=1e-9,
+                     "the data-parallel bytes one rank sent", rel=1e-9,
                      why="CommLog counts the ring formula's bytes exactly, and every tensor of "
-                         "tiny divides by 4")
+                         "tiny divides by 4", unit="B", reveal=reveal)
 
 
 # ---------------------------------------------------------------- implement: buckets

@@ -15,8 +15,10 @@ from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, memory_budget
 from ...formulas.memory import local_param_count
 from ...flops import param_count
 from ...grid import AXES, ProcessGrid
-from ...train import TrainConfig, train
-from .core import (NOT_ANSWERED, Verdict, exercise, function_given, number, predicted, right,
+from ...config import TrainConfig
+from ...train import train
+from ..numbers.fourd import PLAN_EXERCISE
+from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, reveals, right,
                    wrong)
 
 
@@ -99,55 +101,54 @@ def measured_dp_bytes(tp: int = 2, dp: int = 2, steps: int = 1) -> int:
 
 
 @exercise("fourd", "predict")
-def check_predict_dp_shard_bytes(prediction, tp: int = 2, dp: int = 2) -> Verdict:
+def check_predict_dp_shard_bytes(prediction, tp: int = 2, dp: int = 2, reveal: bool = False) -> Verdict:
     """Predict the bytes rank 0 puts on the wire for DP in one step of `tiny` (float32)
     with TP`tp` x DP`dp`, no ZeRO: then minipar runs it on tp*dp gloo ranks and the verdict
     reports measured / predicted. Byte counts are exact: the tolerance is one part in 1e9."""
-    if prediction is None:
-        return Verdict(None, NOT_ANSWERED)
     model = ModelConfig.preset("tiny")
     local = local_param_count(model, tp, model.n_layers, True, True)
     ring = 2 * (dp - 1) / dp
-    right_answer = ring * 4 * local
-    for guess, why in ((ring * 4 * param_count(model), "that is the whole model: rank 0 only "
-                        "holds (and reduces) its TP shard of each matrix"),
-                       (4 * local, "that is the gradient's size; a ring all-reduce puts "
-                        "2(n-1)/n of it on the wire"),
-                       (ring * 2 * local, "minipar's CPU run is float32: 4 bytes per element")):
-        try:
-            if guess != right_answer and abs(float(prediction) - guess) <= 1e-9 * guess:
-                return wrong(why + ".")
-        except (TypeError, ValueError):
-            break
-    return predicted(prediction, measured_dp_bytes(tp, dp), "rank 0's DP wire bytes", 1e-9,
-                     "integer byte counts of a deterministic ring")
+    hints = [(ring * 4 * param_count(model), "that is the whole model: rank 0 only holds (and "
+                                             "reduces) its TP shard of each matrix."),
+             (4 * local, "that is the gradient's size; a ring all-reduce puts 2(n-1)/n of it "
+                         "on the wire."),
+             (ring * 2 * local, "minipar's CPU run is float32: 4 bytes per element.")]
+    return predicted(prediction, lambda: measured_dp_bytes(tp, dp), "rank 0's DP wire bytes",
+                     1e-9, "integer byte counts of a deterministic ring", unit="B",
+                     reveal=reveal, hints=[h for h in hints if h[0] != ring * 4 * local])
 
 
 @exercise("fourd", "predict")
-def check_plan(layout, model: str = "llama3-70b", gpu: str = "h100", gpus: int = 256,
-               seq_len: int = 8192, batch_tokens: int = 2 * 2**20, points: float = 2.0) -> Verdict:
+def check_plan(layout, model: str = PLAN_EXERCISE["model"], gpu: str = PLAN_EXERCISE["gpu"],
+               gpus: int = PLAN_EXERCISE["gpus"], seq_len: int = PLAN_EXERCISE["seq_len"],
+               batch_tokens: int = PLAN_EXERCISE["batch_tokens"],
+               points: float = PLAN_EXERCISE["points"], reveal: bool = False) -> Verdict:
     """layout: {"tp", "cp", "pp"} planned by hand with the chapter's rules (DP takes the
     rest). The planner completes it as it completes its own (schedule and chunks,
     micro-batch, the lowest ZeRO stage and least recomputation that fit in the HBM less
     the headroom); right when it fits and its predicted MFU is within `points` of the
-    planner's best. The verdict reports yours / the planner's."""
+    planner's best. The planner's own layout shows when yours is right, from your second
+    layout on, or with reveal=True."""
+    ranked = _planned(model, gpu, gpus, seq_len, batch_tokens)
     if layout is None:
-        return Verdict(None, NOT_ANSWERED)
+        return Verdict(None, f"The planner's best: {describe(ranked[0])}, {100 * ranked[0].mfu:.1f}% "
+                             f"MFU." if reveal and ranked else NOT_ANSWERED)
     try:
         tp, cp, pp = (int(layout[k]) for k in ("tp", "cp", "pp"))
     except (TypeError, KeyError, ValueError) as e:
         return wrong(f"answer with a dict with keys 'tp', 'cp', 'pp' ({e}).")
-    ranked = _planned(model, gpu, gpus, seq_len, batch_tokens)
     mine = next((e for e in ranked if (e.parallel.tp, e.parallel.cp, e.parallel.pp) == (tp, cp, pp)), None)
     if mine is None:
         return wrong(_why_not_planned(ModelConfig.preset(model), gpu_cluster(gpu), gpus, tp, cp, pp,
                                       seq_len, batch_tokens))
     best = ranked[0]
-    report = (f"yours {describe(mine)}: {100 * mine.mfu:.1f}% vs the planner's {describe(best)}: "
-              f"{100 * best.mfu:.1f}% (ratio {mine.mfu / best.mfu:.2f})")
     if 100 * (best.mfu - mine.mfu) <= points:
-        return right(report + ".")
-    return wrong(report + f": more than {points:g} points short. Which term limits yours?")
+        return right(f"yours {describe(mine)}: {100 * mine.mfu:.1f}% vs the planner's "
+                     f"{describe(best)}: {100 * best.mfu:.1f}% (ratio {mine.mfu / best.mfu:.2f}).")
+    theirs = (f"the planner's {describe(best)}: {100 * best.mfu:.1f}%"
+              if reveals("the planned layout", (tp, cp, pp), reveal) else "the planner's best")
+    return wrong(f"yours {describe(mine)}: {100 * mine.mfu:.1f}% MFU, more than {points:g} points "
+                 f"short of {theirs}. Which term limits yours?")
 
 
 @cache

@@ -17,8 +17,9 @@ from safetensors.torch import save_file
 from ... import hf
 from ...config import ModelConfig, ParallelConfig
 from ...model import apply_rope, rope_cos_sin
-from ...train import TrainConfig, train
-from ..numbers.hf import kv_cache_tokens
+from ...config import TrainConfig
+from ...train import train
+from ..numbers.hf import kv_bytes_per_token, kv_cache_tokens
 from .core import (BITWISE, Tolerance, Verdict, exercise, first_difference,
                    function_given, number, on_ranks, predicted, right, wrong)
 
@@ -148,12 +149,12 @@ def _first_loss(vocab: int) -> float:
 
 
 @exercise("hf", "predict")
-def check_initial_loss(prediction, vocab: int = 512) -> Verdict:
+def check_initial_loss(prediction, vocab: int = 512, reveal: bool = False) -> Verdict:
     """Predict the first step's loss of a randomly initialised Hugging Face Llama with a
     vocabulary of `vocab`, loaded with --init-hf; then run that step on two TP ranks."""
-    return predicted(prediction, lambda: _first_loss(vocab), "first loss", 0.02,
+    return predicted(prediction, lambda: _first_loss(vocab), "the first loss", 0.02,
                      "a random model's logits are small, not zero: the loss sits a little "
-                     "above a uniform guess")
+                     "above a uniform guess", reveal=reveal)
 
 
 # ------------------------------------------------------------- the KV cache of one GPU
@@ -164,15 +165,11 @@ def check_kv_cache_tokens(answer, model: str = "llama3-70b", tp: int = 8,
     of the weights (KV heads split over the TP ranks)."""
     m = ModelConfig.preset(model)
     want = kv_cache_tokens(m, tp, hbm_bytes)
-    return number(answer, want, "tokens in the KV cache", rel=1e-2, hints=[
+    return number(answer, want, "the tokens in the KV cache", rel=1e-2, hints=[
         (want / tp, "each GPU holds only its n_kv_heads / tp KV heads, not all of them."),
         (2 * want, "a token stores K and V: two vectors per layer and KV head."),
-        (hbm_bytes / kv_bytes(m, tp), "the weights take their share of the GPU first."),
+        (hbm_bytes / kv_bytes_per_token(m, tp), "the weights take their share of the GPU first."),
     ])
-
-
-def kv_bytes(m: ModelConfig, tp: int) -> float:
-    return 2 * m.n_layers * m.n_kv_heads / tp * m.head_dim * 2
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

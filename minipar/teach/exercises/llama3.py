@@ -16,8 +16,8 @@ from ...costmodel.table4 import TABLE4
 from ...formulas.memory import local_param_count
 from ...flops import param_count
 from ...grid import ProcessGrid
+from ...placement import straddling_replicas
 from ...train import train
-from ..figures.llama3 import replica_pods
 from .core import Verdict, compare_calls, exercise, function_given, number, predicted, right, wrong
 
 # Shapes that catch the usual slips: GQA (K and V narrower than Q), tied embeddings (one
@@ -97,7 +97,8 @@ def check_model_state_gb(answer, zero1: bool = False) -> Verdict:
     n = param_count(ModelConfig.preset("llama3-405b"))
     split = row.tp * row.pp
     want = n * ((4 + 12 / row.dp) if zero1 else 16) / split / 1e9
-    return number(answer, want, "model state per GPU (GB)", rel=5e-3, hints=[
+    what = "the model state per GPU" + (" with ZeRO-1" if zero1 else "")
+    return number(answer, want, what, rel=5e-3, unit="GB", hints=[
         (n * 16 / row.gpus / 1e9, "DP replicates the model: divide by TP x PP, not by every GPU."),
         (n * 16 / row.tp / 1e9, "PP splits the layers too: divide by TP x PP."),
         (n * 16 / split / 2**30, "GB here are 1e9 bytes, not GiB."),
@@ -112,7 +113,7 @@ def check_straddling_replicas(answer) -> Verdict:
     if answer is None:
         return Verdict(None, "Not answered yet: replace None with your list and run the cell again.")
     row, pod = TABLE4[2], LLAMA3_CLUSTER.pod_size
-    want = [r for r, pods in enumerate(replica_pods(row.tp, row.cp, row.pp, row.dp, pod)) if len(pods) > 1]
+    want = straddling_replicas(row.tp * row.cp * row.pp, row.gpus, pod)
     try:
         got = sorted(int(x) for x in answer)
     except (TypeError, ValueError):
@@ -144,13 +145,14 @@ def stage_model_params() -> int:
 
 
 @exercise("llama3", "predict")
-def check_predict_stage_params(prediction, measured: int | None = None) -> Verdict:
+def check_predict_stage_params(prediction, measured: int | None = None, reveal: bool = False) -> Verdict:
     """Predict the bytes of parameters (fp32) held by the fullest GPU of
     `python -m minipar.train --tp 2 --pp 2` on the tiny model; the check then runs it (or
     takes `measured`, the `memory["params"]` of a run you made) and reports run / prediction.
     Parameters are counted exactly, so exact is right."""
-    return predicted(prediction, stage_run_params if measured is None else measured, "parameter bytes of the fullest GPU", 1e-9,
-                     "minipar counts the tensors each rank holds exactly")
+    return predicted(prediction, stage_run_params if measured is None else measured,
+                     "the parameter bytes of the fullest GPU", 1e-9,
+                     "minipar counts the tensors each rank holds exactly", unit="B", reveal=reveal)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

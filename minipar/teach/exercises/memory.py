@@ -41,16 +41,19 @@ def measured_activations(recompute=None, step: int = 0, model=None) -> int:
 
 
 @exercise("memory", "predict")
-def check_predict_activations(prediction) -> Verdict:
+def check_predict_activations(prediction, reveal: bool = False) -> Verdict:
     """Predict the peak activation bytes of `tiny` on one rank, 4 sequences of 32 tokens,
     float32, no recomputation; the check measures them with ActivationMeter."""
-    return predicted(prediction, measured_activations, "peak activation bytes", rel=1e-3,
+    return predicted(prediction, measured_activations, "the peak activation bytes", rel=1e-3,
                      why="the chapter's count is tensor by tensor: a prediction that counts "
-                         "every tensor is exact, one that misses a part is off by more")
+                         "every tensor is exact, one that misses a part is off by more",
+                     unit="B", reveal=reveal)
 
 
 # ----------------------------------------------------------------- find the bug: recompute
-class _ForgetsTheWeights(torch.autograd.Function):
+class ForgetsTheWeights(torch.autograd.Function):
+    """The autograd Function behind `buggy_recompute` (the notebook prints its source)."""
+
     @staticmethod
     def forward(ctx, fn, x):
         ctx.fn = fn
@@ -70,7 +73,7 @@ class _ForgetsTheWeights(torch.autograd.Function):
 def buggy_recompute(fn, x):
     """Full recomputation of one block, with a bug (the exercise): keep only the block's
     input x; in the backward, run fn(x) again and backpropagate through it."""
-    return _ForgetsTheWeights.apply(fn, x)
+    return ForgetsTheWeights.apply(fn, x)
 
 
 def _wrap_blocks(model, recompute):
@@ -174,7 +177,7 @@ def check_bytes_per_param(answer) -> Verdict:
     bf16 weights, fp32 gradients, fp32 master weights and Adam's two fp32 moments."""
     p = BF16_MIXED
     want = p.param_bytes + p.grad_bytes + p.optimizer_bytes
-    return number(answer, want, "bytes per parameter", rel=1e-9, hints=[
+    return number(answer, want, "the bytes per parameter", rel=1e-9, unit="B", hints=[
         (16.0, "that is the ZeRO paper's 16, with 16-bit gradients; Llama 3 accumulates and "
                "reduces its gradients in fp32."),
         (12.0, "that is the optimizer state alone (master weights, m and v)."),

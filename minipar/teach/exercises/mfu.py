@@ -21,7 +21,7 @@ def check_mfu(model: ModelConfig, seq_len: int, tokens_per_s: float, n_gpus: int
     """MFU (a fraction, PaLM's 6N + 12 L h s convention) of n_gpus processing tokens_per_s."""
     want = mfu(tokens_per_s, model, seq_len, peak_flops, n_gpus)
     dense = tokens_per_s * dense_flops_per_token(model) / (peak_flops * n_gpus)
-    return number(answer, want, "MFU", rel=5e-3, hints=[
+    return number(answer, want, "the MFU", rel=5e-3, hints=[
         (100 * want, "give MFU as a fraction (0.43), not a percentage."),
         (dense, "that leaves out attention: PaLM's convention adds 12 L h s per token."),
         (want * n_gpus, "the peak is per GPU: divide by all the GPUs' peak."),
@@ -92,12 +92,13 @@ def dp_model_bytes() -> int:
 
 
 @exercise("mfu", "predict")
-def check_predict_dp_bytes(prediction, measured: int | None = None) -> Verdict:
+def check_predict_dp_bytes(prediction, measured: int | None = None, reveal: bool = False) -> Verdict:
     """Predict the bytes rank 0 sends on the DP axis in one step of the tiny model (fp32)
     under `--dp 2 --zero 1`; the check then runs it (or takes `measured`, from a run you
     made) and reports run / prediction. Bytes are counted exactly, so exact is right."""
-    return predicted(prediction, dp_run_bytes if measured is None else measured, "DP bytes of rank 0, one step", 1e-9,
-                     "CommLog counts the ring's bytes exactly")
+    return predicted(prediction, dp_run_bytes if measured is None else measured,
+                     "the DP bytes of rank 0 in one step", 1e-9,
+                     "CommLog counts the ring's bytes exactly", unit="B", reveal=reveal)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

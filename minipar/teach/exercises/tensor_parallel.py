@@ -17,7 +17,8 @@ from ...config import ParallelConfig
 from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...parallel.regions import reduce_from_group
-from ...train import TrainConfig, train
+from ...config import TrainConfig
+from ...train import train
 from .core import (FLOAT32, Verdict, at, exercise, first_difference, function_given, number,
                    on_ranks, predicted)
 
@@ -29,7 +30,7 @@ def check_tp_allreduce_bytes(tp: int, b: int, s: int, h: int, bytes_per_elem: in
     """Wire bytes per rank of the one all-reduce after a row-parallel layer: [b, s, h]."""
     size = b * s * h * bytes_per_elem
     want = wire_bytes("all_reduce", tp, size)
-    return number(answer, want, "bytes sent per rank", rel=1e-6, hints=[
+    return number(answer, want, "the bytes sent per rank", rel=1e-6, unit="B", hints=[
         (size, "that is the activation's size; the ring all-reduce sends 2(n-1)/n of it."),
         (size / tp, "the partial sums are full-size [b, s, h] on every rank, not 1/tp of it."),
     ])
@@ -157,13 +158,14 @@ def measured_tp_bytes(tp: int, sp: bool, global_batch: int = 8, seq_len: int = 3
 
 
 @exercise("tensor_parallel", "predict")
-def check_predict_tp_bytes(prediction, tp: int = 4, sp: bool = True) -> Verdict:
+def check_predict_tp_bytes(prediction, tp: int = 4, sp: bool = True, reveal: bool = False) -> Verdict:
     """Predict the bytes one TP rank sends in a step of `tiny` (8 sequences of 32 tokens,
     one micro-batch, float32) with --tp `tp` (and --sp); then minipar runs it and CommLog
     counts them."""
-    return predicted(prediction, lambda: measured_tp_bytes(tp, sp), f"TP bytes per rank, --tp {tp}"
+    return predicted(prediction, lambda: measured_tp_bytes(tp, sp), f"the TP bytes per rank of --tp {tp}"
                      + (" --sp" if sp else ""), 1e-9,
-                     "CommLog counts the ring algorithm's bytes, the formula's own integers")
+                     "CommLog counts the ring algorithm's bytes, the formula's own integers",
+                     unit="B", reveal=reveal)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_row_parallel_linear"]

@@ -8,7 +8,7 @@ from ...costmodel.hardware import Cluster
 from ...grid import AXES, ProcessGrid
 from ..figures.cluster import plot_grid_on_cluster
 from ... import placement as place
-from ..widgets import live_panel
+from ..widgets import choice, explorer
 
 DEFAULTS = dict(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32)
 DRAWN = 128     # above this many ranks only the link counts are drawn, not every rank
@@ -44,13 +44,11 @@ def figure(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32):
     return fig
 
 
+CONTROLS = {"tp": choice([1, 2, 4, 8]), "cp": choice([1, 2, 4, 8, 16]), "pp": choice([1, 2, 4, 8, 16]),
+            "dp": choice([1, 2, 4, 8, 16, 64, 128]), "gpus_per_node": choice([4, 8]),
+            "pod_size": choice([16, 32, 64, 3072])}
+
+
 def explore(**defaults):
-    """Sliders over `figure`."""
-    import ipywidgets as w   # here: only the live explorer needs it
-    v = {**DEFAULTS, **defaults}
-    pick = lambda name, options: w.Dropdown(options=options, value=v[name], description=name)  # noqa: E731
-    controls = {"tp": pick("tp", [1, 2, 4, 8]), "cp": pick("cp", [1, 2, 4, 8, 16]),
-                "pp": pick("pp", [1, 2, 4, 8, 16]), "dp": pick("dp", [1, 2, 4, 8, 16, 64, 128]),
-                "gpus_per_node": pick("gpus_per_node", [4, 8]),
-                "pod_size": pick("pod_size", [16, 32, 64, 3072])}
-    return live_panel(controls, lambda values: figure(**values), split=3)
+    """Dropdowns over `figure`."""
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...formulas.collectives import ALL_REDUCE_ALGORITHMS, all_reduce_cost
 from ..figures.collectives import plot_algorithms
-from ..widgets import live_panel
+from ..widgets import choice, explorer, log_slider, powers
 
 # a gradient bucket over Table 4 row 1's 64 replicas, on the cost model's network link
 DEFAULTS = dict(n=64, size_mb=25.0, algorithm="ring", alpha_us=LLAMA3_CLUSTER.nic_latency_us,
@@ -46,21 +46,11 @@ def figure(**values):
     return fig
 
 
+CONTROLS = {"n": powers(1, 14, "ranks n"), "size_mb": log_slider(-3, 4, "S (MB)"),
+            "algorithm": choice(ALL_REDUCE_ALGORITHMS), "alpha_us": log_slider(-1, 3, "alpha (us)"),
+            "bandwidth_GBps": log_slider(-1, 3, "B (GB/s)")}
+
+
 def explore(**defaults):
     """Sliders for n, S, the algorithm, alpha and the link's bandwidth."""
-    import ipywidgets as w   # here, not at the top: only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-    controls = {
-        "n": w.SelectionSlider(options=[2**i for i in range(1, 15)], value=kw["n"],
-                               description="ranks n"),
-        "size_mb": w.FloatLogSlider(value=kw["size_mb"], base=10, min=-3, max=4,
-                                    description="S (MB)"),
-        "algorithm": w.Dropdown(options=list(ALL_REDUCE_ALGORITHMS), value=kw["algorithm"],
-                                description="algorithm"),
-        "alpha_us": w.FloatLogSlider(value=kw["alpha_us"], base=10, min=-1, max=3,
-                                     description="alpha (us)"),
-        "bandwidth_GBps": w.FloatLogSlider(value=kw["bandwidth_GBps"], base=10, min=-1, max=3,
-                                           description="B (GB/s)"),
-    }
-    return live_panel(controls, lambda values: figure(**values), split=3)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -16,7 +16,7 @@ from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.context import attention_work
 from ..figures.context_parallel import CP_LAYOUTS, plot_cp_layout
 from ..style import COLORS, INVALID, log2_ticks
-from ..widgets import live_panel
+from ..widgets import choice, explorer, powers, steps
 
 IMPLS = ("ring", "allgather", "ulysses")
 DEFAULTS = dict(cp=16, impl="allgather", seq_len=131072, layout="zigzag", model="llama3-405b",
@@ -83,18 +83,10 @@ def figure(**values):
     return fig
 
 
+CONTROLS = {"cp": powers(1, 6), "impl": choice(IMPLS), "seq_len": powers(11, 20, "seq len"),
+            "layout": choice(CP_LAYOUTS), "tp": steps([1, 2, 4, 8])}
+
+
 def explore(**defaults):
     """Sliders for cp, the implementation, the sequence length, the layout and TP."""
-    import ipywidgets as w   # here, not at the top: only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-    controls = {
-        "cp": w.SelectionSlider(options=[2**i for i in range(1, 7)], value=kw["cp"],
-                                description="cp"),
-        "impl": w.Dropdown(options=list(IMPLS), value=kw["impl"], description="impl"),
-        "seq_len": w.SelectionSlider(options=[2**i for i in range(11, 21)], value=kw["seq_len"],
-                                     description="seq len"),
-        "layout": w.Dropdown(options=list(CP_LAYOUTS), value=kw["layout"], description="layout"),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=kw["tp"], description="tp"),
-    }
-    return live_panel(controls, lambda values: figure(**{**kw, **values}), split=3)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -14,7 +14,7 @@ from ...config import PRESETS, ModelConfig
 from ...flops import param_count
 from ...formulas.data_parallel import zero_bytes_per_param
 from ..figures.data_parallel import plot_zero_memory
-from ..widgets import live_panel
+from ..widgets import choice, explorer, powers, slider
 
 DEFAULTS = dict(model="llama3-405b", model_parallel=128, dp=64, param_bytes=2, grad_bytes=2,
                 optimizer_bytes=12, hbm_gb=80.0)
@@ -42,21 +42,12 @@ def figure(**values):
     return fig
 
 
+CONTROLS = {"model": choice(PRESETS), "model_parallel": powers(0, 10, "TP x PP"),
+            "dp": powers(0, 11, "DP"), "param_bytes": choice([2, 4], "weight B"),
+            "grad_bytes": choice([2, 4], "grad B"), "optimizer_bytes": choice([8, 12, 16], "optim. B"),
+            "hbm_gb": slider(16.0, 192.0, 8.0, "HBM GB")}
+
+
 def explore(**defaults):
     """Sliders for the model, TP x PP, DP and the bytes per parameter of each part."""
-    import ipywidgets as w   # here, not at the top: only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-    pow2 = lambda lo, hi: [2**i for i in range(lo, hi + 1)]  # noqa: E731
-    controls = {
-        "model": w.Dropdown(options=list(PRESETS), value=kw["model"], description="model"),
-        "model_parallel": w.SelectionSlider(options=pow2(0, 10), value=kw["model_parallel"],
-                                            description="TP x PP"),
-        "dp": w.SelectionSlider(options=pow2(0, 11), value=kw["dp"], description="DP"),
-        "param_bytes": w.Dropdown(options=[2, 4], value=kw["param_bytes"], description="weight B"),
-        "grad_bytes": w.Dropdown(options=[2, 4], value=kw["grad_bytes"], description="grad B"),
-        "optimizer_bytes": w.Dropdown(options=[8, 12, 16], value=kw["optimizer_bytes"],
-                                      description="optim. B"),
-        "hbm_gb": w.FloatSlider(value=kw["hbm_gb"], min=16, max=192, step=8, description="HBM GB"),
-    }
-    return live_panel(controls, lambda values: figure(**values), split=4)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=4)

@@ -8,7 +8,7 @@ import numpy as np
 from ...formulas.failures import daly_interval, expected_waste, young_interval
 from ..numbers import failures as facts
 from ..style import COLORS
-from ..widgets import live_panel
+from ..widgets import explorer, log_slider, slider
 
 DEFAULTS = dict(interval_min=10.0, mtbf_h=round(facts.mtbf_s() / 3600, 2),
                 write_s=round(facts.checkpoint_bytes() / (facts.TECTONIC_TBps * 1e12), 1),
@@ -53,16 +53,11 @@ def figure(interval_min=DEFAULTS["interval_min"], mtbf_h=DEFAULTS["mtbf_h"],
     return fig
 
 
+CONTROLS = {"interval_min": log_slider(-0.5, 3, "interval (min)"),
+            "mtbf_h": log_slider(-1, 2, "MTBF (h)"), "write_s": log_slider(-1, 3, "write (s)"),
+            "restart_s": slider(0.0, 1800.0, 30.0, "restart (s)")}
+
+
 def explore(**defaults):
     """Sliders over `figure`."""
-    import ipywidgets as w   # here: only the live explorer needs it
-    v = {**DEFAULTS, **defaults}
-    controls = {
-        "interval_min": w.FloatLogSlider(value=v["interval_min"], base=10, min=-0.5, max=3,
-                                         description="interval (min)"),
-        "mtbf_h": w.FloatLogSlider(value=v["mtbf_h"], base=10, min=-1, max=2, description="MTBF (h)"),
-        "write_s": w.FloatLogSlider(value=v["write_s"], base=10, min=-1, max=3, description="write (s)"),
-        "restart_s": w.FloatSlider(value=v["restart_s"], min=0, max=1800, step=30,
-                                   description="restart (s)"),
-    }
-    return live_panel(controls, lambda values: figure(**values), split=2)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=2)

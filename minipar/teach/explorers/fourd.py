@@ -15,7 +15,7 @@ from ...costmodel import GPU_NAMES, binding_constraint, gpu_cluster, plan
 from ...costmodel.planner import describe
 from ..figures.fourd import plot_plan
 from ..style import INVALID
-from ..widgets import live_panel
+from ..widgets import choice, explorer, powers, steps, toggle
 
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b")
 DEFAULTS = dict(model="llama3-70b", gpu="h100", gpus=1024, seq_len=8192, batch_mtokens=4,
@@ -50,20 +50,12 @@ def _message(text: str):
     return fig
 
 
+CONTROLS = {"model": choice(MODELS), "gpu": choice(GPU_NAMES, "GPU"), "gpus": powers(3, 14, "GPUs"),
+            "seq_len": powers(11, 17, "sequence"),
+            "batch_mtokens": steps([1, 2, 4, 8, 16], "batch (M tok)"),
+            "tp_overlap": toggle("--tp-overlap")}
+
+
 def explore(**defaults):
     """Controls for the model, the GPU, the number of GPUs, the sequence, the batch, overlap."""
-    import ipywidgets as w   # here, not at the top: only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-    controls = {
-        "model": w.Dropdown(options=list(MODELS), value=kw["model"], description="model"),
-        "gpu": w.Dropdown(options=list(GPU_NAMES), value=kw["gpu"], description="GPU"),
-        "gpus": w.SelectionSlider(options=[2**k for k in range(3, 15)], value=kw["gpus"],
-                                  description="GPUs"),
-        "seq_len": w.SelectionSlider(options=[2**k for k in range(11, 18)], value=kw["seq_len"],
-                                     description="sequence"),
-        "batch_mtokens": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=kw["batch_mtokens"],
-                                           description="batch (M tok)"),
-        "tp_overlap": w.Checkbox(value=kw["tp_overlap"], description="--tp-overlap"),
-    }
-    return live_panel(controls, lambda values: figure(**values, top=kw["top"]), split=3)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

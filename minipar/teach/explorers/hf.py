@@ -9,7 +9,7 @@ from ...formulas.memory import local_param_count
 from ...flops import param_count
 from ...formulas.pipeline_parallel import split_layers
 from ..figures.hf import plot_slices
-from ..widgets import live_panel
+from ..widgets import choice, explorer
 
 DEFAULTS = dict(tp=2, pp=2, layers=4, dim=128, heads=4, kv_heads=2, ffn=384, vocab=512)
 
@@ -38,13 +38,11 @@ def figure(tp=2, pp=2, layers=4, dim=128, heads=4, kv_heads=2, ffn=384, vocab=51
     return fig
 
 
+CONTROLS = {"tp": choice([1, 2, 4]), "pp": choice([1, 2, 4]), "layers": choice([4, 8, 16]),
+            "dim": choice([64, 128, 256]), "heads": choice([4, 8]), "kv_heads": choice([1, 2, 4]),
+            "ffn": choice([256, 384, 512]), "vocab": choice([256, 512, 1024])}
+
+
 def explore(**defaults):
-    """Controls over `figure`."""
-    import ipywidgets as w   # here: only the live explorer needs it
-    v = {**DEFAULTS, **defaults}
-    pick = lambda name, options: w.Dropdown(options=options, value=v[name], description=name)  # noqa: E731
-    controls = {"tp": pick("tp", [1, 2, 4]), "pp": pick("pp", [1, 2, 4]),
-                "layers": pick("layers", [4, 8, 16]), "dim": pick("dim", [64, 128, 256]),
-                "heads": pick("heads", [4, 8]), "kv_heads": pick("kv_heads", [1, 2, 4]),
-                "ffn": pick("ffn", [256, 384, 512]), "vocab": pick("vocab", [256, 512, 1024])}
-    return live_panel(controls, lambda values: figure(**values), split=4)
+    """Dropdowns over `figure`."""
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=4)

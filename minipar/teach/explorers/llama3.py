@@ -18,9 +18,9 @@ from ...costmodel.table4 import Table4Row
 from ...formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
 from ...formulas.tensor_parallel import tp_layer_bytes
 from ...formulas.collectives import wire_bytes
-from ..figures.llama3 import _draw_row
+from ..figures.llama3 import draw_replicas
 from ..style import COLORS
-from ..widgets import live_panel
+from ..widgets import choice, explorer, powers
 
 DEFAULTS = dict(tp=8, cp=16, pp=16, dp=8, seq_len=131072, pod_size=LLAMA3_CLUSTER.pod_size)
 
@@ -40,7 +40,7 @@ def figure(**values):
     gpus = kw["tp"] * kw["cp"] * kw["pp"] * kw["dp"]
     row = Table4Row(gpus, kw["tp"], kw["cp"], kw["pp"], kw["dp"], kw["seq_len"], 0, 0)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [3, 1.3]})
-    _draw_row(left, row, kw["pod_size"])
+    draw_replicas(left, row, kw["pod_size"])
     left.set_xlabel(f"GPU rank; grey bands: pods of {kw['pod_size']:,}; black: a replica in two pods",
                     fontsize=8)
     left.set_title(f"TP{kw['tp']} CP{kw['cp']} PP{kw['pp']} DP{kw['dp']} = {gpus:,} GPUs, "
@@ -55,19 +55,11 @@ def figure(**values):
     return fig
 
 
+CONTROLS = {"tp": powers(0, 4), "cp": powers(0, 5), "pp": powers(0, 6), "dp": powers(0, 8),
+            "seq_len": powers(13, 17, "seq len"),
+            "pod_size": choice([1024, 2048, 3072, 4096], "pod GPUs")}
+
+
 def explore(**defaults):
     """Sliders over the four degrees, the sequence and the pod size."""
-    import ipywidgets as w   # here, not at the top: optional, only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-
-    def powers(key, hi):
-        return w.SelectionSlider(options=[2**i for i in range(hi + 1)], value=kw[key], description=key)
-
-    controls = {"tp": powers("tp", 4), "cp": powers("cp", 5), "pp": powers("pp", 6),
-                "dp": powers("dp", 8),
-                "seq_len": w.SelectionSlider(options=[2**i for i in range(13, 18)], value=kw["seq_len"],
-                                             description="seq len"),
-                "pod_size": w.Dropdown(options=[1024, 2048, 3072, 4096], value=kw["pod_size"],
-                                       description="pod GPUs")}
-    return live_panel(controls, lambda values: figure(**{**kw, **values}), split=3)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -15,7 +15,7 @@ from ...formulas.pipeline_parallel import bubble_fraction
 from ...parallel.schedules import make_schedule, peak_in_flight, simulate
 from ..figures.pipeline_parallel import plot_schedule
 from ..style import INVALID
-from ..widgets import live_panel
+from ..widgets import choice, explorer, slider
 
 DEFAULTS = dict(schedule="1f1b", p=4, m=8, v=2, t_f=1.0, t_b=2.0, t_w=0.0, t_comm=0.0)
 
@@ -47,19 +47,12 @@ def figure(**values):
     return fig
 
 
+CONTROLS = {"schedule": choice(SCHEDULES), "p": slider(1, 8), "m": slider(1, 32),
+            "v": slider(1, 4, label="v (interleaved)"), "t_f": slider(0.5, 3.0, 0.25),
+            "t_b": slider(0.5, 4.0, 0.25), "t_w": slider(0.0, 2.0, 0.25),
+            "t_comm": slider(0.0, 1.0, 0.05)}
+
+
 def explore(**defaults):
     """Controls for the schedule, p, m, v and the times of F, B, W and a transfer."""
-    import ipywidgets as w   # here, not at the top: only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-    controls = {
-        "schedule": w.Dropdown(options=list(SCHEDULES), value=kw["schedule"], description="schedule"),
-        "p": w.IntSlider(value=kw["p"], min=1, max=8, description="p"),
-        "m": w.IntSlider(value=kw["m"], min=1, max=32, description="m"),
-        "v": w.IntSlider(value=kw["v"], min=1, max=4, description="v (interleaved)"),
-        "t_f": w.FloatSlider(value=kw["t_f"], min=0.5, max=3, step=0.25, description="t_f"),
-        "t_b": w.FloatSlider(value=kw["t_b"], min=0.5, max=4, step=0.25, description="t_b"),
-        "t_w": w.FloatSlider(value=kw["t_w"], min=0, max=2, step=0.25, description="t_w"),
-        "t_comm": w.FloatSlider(value=kw["t_comm"], min=0, max=1, step=0.05, description="t_comm"),
-    }
-    return live_panel(controls, lambda values: figure(**values), split=4)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=4)

@@ -16,7 +16,7 @@ from ...costmodel.constants import LLAMA3_EFFICIENCY
 from ...flops import layer_param_count
 from ...formulas.tensor_parallel import tp_layer_bytes
 from ..style import COLORS
-from ..widgets import live_panel
+from ..widgets import choice, explorer, log_slider, powers, slider, steps
 
 DEFAULTS = dict(t=8, link_GBps=450.0, seq_len=8192, microbatch=1, tflops=430.0,
                 model="llama3-405b", act_bytes=2)
@@ -71,21 +71,12 @@ def figure(**values):
     return fig
 
 
+CONTROLS = {"t": steps(TPS), "link_GBps": log_slider(0, 3.3, "link GB/s"),
+            "model": choice(["llama3-405b", "llama3-70b", "llama3-8b"]),
+            "seq_len": powers(10, 17, "seq len"), "microbatch": slider(1, 8, label="micro-batch"),
+            "tflops": slider(100.0, 900.0, 10.0, "TFLOP/s")}
+
+
 def explore(**defaults):
     """Sliders for t, the link, the sequence, the micro-batch and the throughput."""
-    import ipywidgets as w   # here, not at the top: only the live explorer needs it
-
-    kw = {**DEFAULTS, **defaults}
-    controls = {
-        "t": w.SelectionSlider(options=list(TPS), value=kw["t"], description="t"),
-        "link_GBps": w.FloatLogSlider(value=kw["link_GBps"], base=10, min=0, max=3.3,
-                                      description="link GB/s"),
-        "model": w.Dropdown(options=["llama3-405b", "llama3-70b", "llama3-8b"], value=kw["model"],
-                            description="model"),
-        "seq_len": w.SelectionSlider(options=[2**i for i in range(10, 18)], value=kw["seq_len"],
-                                     description="seq len"),
-        "microbatch": w.IntSlider(value=kw["microbatch"], min=1, max=8, description="micro-batch"),
-        "tflops": w.FloatSlider(value=kw["tflops"], min=100, max=900, step=10,
-                                description="TFLOP/s"),
-    }
-    return live_panel(controls, lambda values: figure(**{**kw, **values}), split=3)
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -16,7 +16,7 @@ import torch
 from ...checkpoint import tp_local
 from ...formulas.failures import expected_waste, young_interval
 from ...parallel.zero import FlatShards
-from ..exercises.failures import broken_commit, crash_table, safe_commit
+from ..numbers.failures import broken_commit, crash_table, safe_commit
 from ..numbers import failures as facts
 from ..style import COLORS, FAILURE_CATEGORIES
 
@@ -114,7 +114,7 @@ def plot_commit_protocol():
     """A checkpoint commit crashed at every moment, the safe protocol against a broken one:
     a row per moment (between operations, and in the middle of each write), what a resume
     would find (latest's content, the directories), green where it can trust it and red
-    where it cannot. Drawn from `exercises.failures.crash_table`, what `check_commit` runs."""
+    where it cannot. Drawn from `numbers.failures.crash_table`, what `check_commit` runs."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, (title, commit) in zip(axes, (("the protocol of checkpoint.save", safe_commit),
                                           ("a broken commit", broken_commit))):

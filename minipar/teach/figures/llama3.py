@@ -26,7 +26,7 @@ def layout_figure(rows=(0, 2), pod_size: int | None = None):
     fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.5 * len(rows) + 0.6), squeeze=False)
     for ax, i in zip(axes[:, 0], rows):
         row = TABLE4[i]
-        _draw_row(ax, row, pod_size)
+        draw_replicas(ax, row, pod_size)
         ax.set_title(f"Table 4 row {i + 1}: TP{row.tp} CP{row.cp} PP{row.pp} DP{row.dp}, "
                      f"{row.gpus:,} GPUs; a replica = {row.tp * row.cp * row.pp:,} GPUs", fontsize=9)
     axes[-1, 0].set_xlabel("GPU rank (order [TP, CP, PP, DP]); grey bands: 3,072-GPU pods")
@@ -34,7 +34,8 @@ def layout_figure(rows=(0, 2), pod_size: int | None = None):
     return fig
 
 
-def _draw_row(ax, row, pod_size: int):
+def draw_replicas(ax, row, pod_size: int):
+    """One layout (a Table4Row) on `ax`: its model replicas along the GPUs, over the pods."""
     size = row.tp * row.cp * row.pp
     for p in range(-(-row.gpus // pod_size)):
         ax.add_patch(Rectangle((p * pod_size, 0), pod_size, 1, color="0.85" if p % 2 else "0.93", lw=0))

@@ -1,7 +1,7 @@
 """Figures of the pipeline-parallel chapter: schedules as Gantt charts, and their bubble.
 
-A schedule (simulated by `parallel.schedules.simulate`, or measured by `--trace` and read
-back by `parallel.pipeline.load_trace`) drawn one row per pipeline rank, and the bubble
+A schedule (simulated by `parallel.schedules.simulate`, or measured: a `--profile` trace's
+pipeline actions, `profile.pipeline_events`) drawn one row per pipeline rank, and the bubble
 fraction of each schedule as the number of micro-batches grows.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
 from ...formulas.pipeline_parallel import bubble_fraction
-from ...parallel.pipeline import load_trace
+from ... import profile
 from ...parallel.schedules import Timeline, make_schedule, simulate, timeline_from_events
 from ..style import COLORS, GREY, lighter
 
@@ -50,9 +50,11 @@ def plot_schedule(schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float = 0.0
     return ax
 
 
-def plot_trace(paths, ax=None, title=None):
-    """The Gantt chart of a measured step (`python -m minipar.train ... --trace PATH`)."""
-    ax = plot_schedule(timeline_from_events(load_trace(paths)), ax=ax, title=title)
+def plot_trace(path, ax=None, title=None):
+    """The Gantt chart of a measured run (`python -m minipar.train ... --profile DIR`): the
+    pipeline actions of one replica, every step."""
+    events = profile.pipeline_events(profile.load(path))
+    ax = plot_schedule(timeline_from_events(events), ax=ax, title=title)
     ax.set_xlabel("time (s)")
     return ax
 

@@ -2,7 +2,9 @@
 
 The paper's Table 5 (what interrupted 54 days of Llama 3 405B's pre-training) is here as
 printed, and every share, rate and checkpoint interval the chapter quotes is computed from
-it with `minipar.checkpoint`'s functions (`young_interval`, `expected_waste`).
+it with `minipar.formulas.failures` (`young_interval`, `expected_waste`). Last, a checkpoint
+commit crashed at every moment (`crash_table`): what the chapter's figure draws and its
+`check_commit` exercise runs.
 """
 from __future__ import annotations
 
@@ -138,3 +140,102 @@ def numbers() -> dict[str, Number]:
         "exit_sigterm": Number(128 + signal.SIGTERM),
         "exit_sigint": Number(128 + signal.SIGINT),
     }
+
+
+# ------------------------------------------------------------- a commit, crashed at every moment
+# The chapter's figure (figures.failures.plot_commit_protocol) draws it for the protocol and a
+# broken commit; exercises.failures.check_commit runs the reader's commit through it.
+class RecordingFS:
+    """A file system a commit can be crashed in at any moment: files are {path: text}, a directory
+    is every path under it. `write` is NOT atomic (a crash during it leaves a prefix of the
+    text); `rename` and `replace` are (POSIX rename(2))."""
+
+    def __init__(self, files: dict[str, str]):
+        self.files, self.ops = dict(files), []
+
+    def write(self, path: str, text: str):
+        self.ops.append(("write", path, text))
+        self.files[path] = text
+
+    def rename(self, src: str, dst: str):
+        self.ops.append(("rename", src, dst))
+        self.files = _renamed(self.files, src, dst)
+
+    replace = rename
+
+    def exists(self, path: str) -> bool:
+        return path in self.files or any(p.startswith(path + "/") for p in self.files)
+
+
+def _renamed(files: dict, src: str, dst: str) -> dict:
+    out = {}
+    for p, text in files.items():
+        if p == src or p.startswith(src + "/"):
+            p = dst + p[len(src):]
+        out[p] = text
+    return out
+
+
+RANK_FILES = ("rank_00000.pt", "rank_00001.pt")
+CUT = "<cut>"     # how a write interrupted by a crash ends: half its text, then nothing
+
+
+def before_commit(root: str, step: str) -> dict:
+    """An older complete checkpoint named by `latest`, and the new one's rank files in .tmp."""
+    old = {f"{root}/step_000004/{f}": "tensors" for f in (*RANK_FILES, "manifest.json")}
+    new = {f"{root}/{step}.tmp/{f}": "tensors" for f in RANK_FILES}
+    return {**old, **new, f"{root}/latest": "step_000004"}
+
+
+def broken_invariant(files: dict, root: str) -> str | None:
+    """What a reader of `root` would find wrong after a crash, or None."""
+    dirs = {p.rsplit("/", 1)[0] for p in files if p.count("/") == root.count("/") + 2}
+    for d in sorted(dirs):
+        if not d.endswith(".tmp") and f"{d}/manifest.json" not in files:
+            return f"{d} looks like a checkpoint but has no manifest.json"
+        if not d.endswith(".tmp") and files[f"{d}/manifest.json"].endswith(CUT):
+            return f"{d}/manifest.json is half-written"
+    if f"{root}/latest" in files:
+        name = files[f"{root}/latest"].strip()
+        target = f"{root}/{name}"
+        if not all(f"{target}/{f}" in files for f in (*RANK_FILES, "manifest.json")):
+            return f"latest names {name!r}, which is not a complete checkpoint"
+    return None
+
+
+def crash_states(start: dict, ops: list):
+    """(when, files) after a crash at every moment: between operations, and in the middle
+    of each write (half its text written)."""
+    fs = RecordingFS(start)
+    yield "before any operation", dict(fs.files)
+    for i, (op, a, b) in enumerate(ops, 1):
+        if op == "write":
+            yield f"during operation {i} (write {a})", {**fs.files, a: b[:len(b) // 2] + CUT}
+            fs.files[a] = b
+        else:
+            fs.files = _renamed(fs.files, a, b)
+        yield f"after operation {i} ({op} {a})", dict(fs.files)
+
+
+def safe_commit(fs, root: str, step: str):
+    """The protocol of `checkpoint._commit`: the manifest last inside .tmp, one atomic rename,
+    then `latest` through a temporary file and an atomic replace."""
+    fs.write(f"{root}/{step}.tmp/manifest.json", "{...}")
+    fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
+    fs.write(f"{root}/latest.tmp", step)
+    fs.replace(f"{root}/latest.tmp", f"{root}/latest")
+
+
+def broken_commit(fs, root: str, step: str):
+    """The notebook's broken version: rename before the manifest, `latest` written in place."""
+    fs.rename(f"{root}/{step}.tmp", f"{root}/{step}")
+    fs.write(f"{root}/{step}/manifest.json", "{...}")
+    fs.write(f"{root}/latest", step)
+
+
+def crash_table(commit, root: str = "ckpt", step: str = "step_000008"):
+    """[(moment, files, what is wrong or None)] for a crash at every moment of `commit`."""
+    fs = RecordingFS(before_commit(root, step))
+    commit(fs, root, step)
+    return [(when, files, broken_invariant(files, root))
+            for when, files in crash_states(before_commit(root, step), fs.ops)]

@@ -18,7 +18,7 @@ from ...costmodel.table4 import table4
 from ...formulas.memory import activation_elements, layer_saved_elements
 from ...formulas.pipeline_parallel import in_flight_chunks, stage_layer_counts
 from ...flops import layer_param_count, param_count
-from ...train import TrainConfig
+from ...config import TrainConfig
 from .core import Number, assumed, derived, paper
 
 GIB = 2**30
