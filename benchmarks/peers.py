@@ -78,7 +78,8 @@ def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
     from minipar.config import ModelConfig, ParallelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallelize import data_parallel, zero3_units
+    from minipar.parallel.zero import zero3_units
+    from minipar.parallelize import data_parallel
     from minipar.train import adamw
 
     cfg = ModelConfig(**BENCH_MODEL)

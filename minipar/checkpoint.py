@@ -53,11 +53,10 @@ import torch.distributed as dist
 
 from . import comm
 from .config import ConfigError, ModelConfig
-from .parallel.data import DataParallel
 
 FORMAT = "minipar-checkpoint/1"
 MANIFEST, LATEST, HISTORY, RNG = "manifest.json", "latest", "history.jsonl", "rng.pt"
-TENSORS = ("param", "exp_avg", "exp_avg_sq")
+ADAM = ("exp_avg", "exp_avg_sq")     # AdamW's m and v, saved beside each slice of a parameter
 
 
 class CheckpointError(ConfigError):
@@ -74,19 +73,18 @@ def latest(root: str | None) -> str | None:
     pointer = os.path.join(root or "", LATEST)
     if not root or not os.path.isfile(pointer):
         return None
-    try:
-        with open(pointer, "rb") as f:
-            name = f.read(4096).decode().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint pointer {pointer} is unreadable: {e}") from None
+    # bytes that are not UTF-8 are not a step_N name either (the check below says so)
+    name = _read(pointer, "checkpoint pointer").decode(errors="replace").strip()
     if name and (os.sep in name or not name.startswith("step_")):
-        raise CheckpointError(f"checkpoint pointer {pointer} names {name[:40]!r}, not a step_N directory")
+        raise CheckpointError(f"checkpoint pointer {pointer} names {name[:40]!r}, "
+                              "not a step_N directory")
     return os.path.join(root, name) if name else None
 
 
 def resolve(path: str) -> str:
     """A checkpoint directory from what --resume was given: the directory itself (it has
-    a manifest), or a --save directory, whose `latest` names one."""
+    a manifest), or a --save directory, whose `latest` names one (whose manifest
+    `read_manifest` then reads, naming it if it is not there)."""
     if not os.path.isdir(path):
         raise CheckpointError(f"--resume {path}: no such directory")
     if os.path.isfile(os.path.join(path, MANIFEST)):
@@ -95,8 +93,6 @@ def resolve(path: str) -> str:
     if step_dir is None:
         raise CheckpointError(f"--resume {path}: no checkpoint there "
                               f"(neither a {MANIFEST} nor a `{LATEST}` pointer)")
-    if not os.path.isfile(os.path.join(step_dir, MANIFEST)):
-        raise CheckpointError(f"--resume {path}: `{LATEST}` names {step_dir}, which has no {MANIFEST}")
     return step_dir
 
 
@@ -112,24 +108,27 @@ MANIFEST_KEYS = {"format": str, "step": int, "world_size": int, "layout": dict, 
 
 def read_manifest(step_dir: str) -> dict:
     path = os.path.join(step_dir, MANIFEST)
+    where = f"checkpoint file {path}"      # every message names the file
     try:
-        with open(path, "rb") as f:
-            manifest = json.loads(f.read().decode())
-    except (OSError, ValueError) as e:     # ValueError: bad UTF-8 or bad JSON
-        raise CheckpointError(f"checkpoint file {path} is unreadable: {str(e).splitlines()[0]}") from None
+        manifest = json.loads(_read(path).decode())
+    except ValueError as e:     # bad UTF-8 or bad JSON
+        raise CheckpointError(f"{where} is unreadable: {str(e).splitlines()[0]}") from None
     if not isinstance(manifest, dict):
-        raise CheckpointError(f"checkpoint file {path} holds a JSON {type(manifest).__name__}, "
+        raise CheckpointError(f"{where} holds a JSON {type(manifest).__name__}, "
                               "not the manifest's object")
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint file {path}: format {manifest.get('format')!r}, "
-                              f"expected {FORMAT!r}")
+        raise CheckpointError(f"{where}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     for key, kind in MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), kind):
-            raise CheckpointError(f"checkpoint file {path}: `{key}` is missing or not a {kind.__name__}")
+            raise CheckpointError(f"{where}: `{key}` is missing or not a {kind.__name__}")
     for name, info in manifest["files"].items():
         if not (isinstance(info, dict) and isinstance(info.get("bytes"), int)
                 and isinstance(info.get("sha256"), str) and os.sep not in name):
-            raise CheckpointError(f"checkpoint file {path}: its entry for {name!r} lacks bytes or sha256")
+            raise CheckpointError(f"{where}: its entry for {name!r} lacks bytes or sha256")
+    for name in (RNG, HISTORY):      # what every rank reads besides rank files
+        if name not in manifest["files"]:
+            raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} is not in "
+                                  "its manifest")
     return manifest
 
 
@@ -142,25 +141,30 @@ def check_files(step_dir: str, manifest: dict) -> None:
         path = os.path.join(step_dir, name)
         if not os.path.isfile(path):
             raise CheckpointError(f"checkpoint file {path} is missing")
-        size = os.path.getsize(path)
-        if size != info["bytes"]:
-            raise CheckpointError(f"checkpoint file {path} is {size} bytes, the manifest says "
-                                  f"{info['bytes']} (truncated or overwritten)")
-    for name, info in manifest["files"].items():
-        if _sha256_of(os.path.join(step_dir, name)) != info["sha256"]:
-            raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} is corrupt: "
-                                  "its SHA-256 differs from the manifest's")
+        if os.path.getsize(path) != info["bytes"]:
+            raise CheckpointError(f"checkpoint file {path} is {os.path.getsize(path)} bytes, the "
+                                  f"manifest says {info['bytes']} (truncated or overwritten)")
+    for name in manifest["files"]:
+        read_verified(step_dir, name, manifest)
 
 
-def _sha256_of(path: str, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def read_verified(step_dir: str, name: str, manifest: dict) -> bytes:
+    """A file's bytes, after checking them against the manifest's SHA-256 (a rank checks
+    every file it reads; `check_files` checked the sizes before any rank started)."""
+    path = os.path.join(step_dir, name)
+    data = _read(path)
+    if hashlib.sha256(data).hexdigest() != manifest["files"][name]["sha256"]:
+        raise CheckpointError(f"checkpoint file {path} is corrupt: its SHA-256 differs from the "
+                              "manifest's")
+    return data
+
+
+def _read(path: str, what: str = "checkpoint file") -> bytes:
     try:
         with open(path, "rb") as f:
-            while chunk := f.read(block):
-                h.update(chunk)
+            return f.read()
     except OSError as e:
-        raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
-    return h.hexdigest()
+        raise CheckpointError(f"{what} {path} is unreadable: {e}") from None
 
 
 def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
@@ -170,13 +174,11 @@ def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
     manifest = read_manifest(step_dir)
     check_files(step_dir, manifest)
     # a field the checkpoint predates has its default there (the model it was saved from)
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    saved = {**defaults, **manifest["model"]}
-    now = dataclasses.asdict(model)
-    differ = [f"{k}={saved.get(k)} (now {v})" for k, v in now.items()
-              if k != "name" and saved.get(k) != v]
+    saved = {**dataclasses.asdict(ModelConfig()), **manifest["model"]}
+    differ = ", ".join(f"{k}={saved[k]} (now {v})" for k, v in dataclasses.asdict(model).items()
+                       if k != "name" and saved[k] != v)
     if differ:
-        raise CheckpointError(f"--resume {path}: the checkpoint is of another model: {', '.join(differ)}")
+        raise CheckpointError(f"--resume {path}: the checkpoint is of another model: {differ}")
     if manifest["step"] > steps:
         raise CheckpointError(f"--resume {path}: the checkpoint is at step {manifest['step']}, "
                               f"beyond --steps {steps}")
@@ -187,37 +189,32 @@ def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
 # A resumed run that changes one of them continues another run's curve.
 MEANING = {"seq_len": "--seq-len", "global_batch": "--global-batch", "data": "--data",
            "seed": "--seed"}
+# What the manifest records of the run (with the data's digest): `MEANING`'s and the schedule's
+TRAIN_KEYS = ("seed", "global_batch", "seq_len", "lr", "warmup_steps", "decay_steps",
+              "min_lr_ratio", "weight_decay", "clip", "data", "init_hf")
 
 
 def data_digest(path: str | None) -> str | None:
     """The --data file's SHA-256 (None: synthetic data): the same text under another path
     is the same data, another text under the same path is not."""
-    return None if path is None else _sha256_of(path)
-
-
-def run_meaning(cfg) -> dict:
-    return {"seq_len": cfg.seq_len, "global_batch": cfg.global_batch, "seed": cfg.seed,
-            "data": data_digest(cfg.data)}
+    return None if path is None else hashlib.sha256(_read(path)).hexdigest()
 
 
 def meaning_changes(manifest: dict, cfg) -> dict:
-    """{flag: [the checkpoint's value, this run's]} for each of `MEANING` that differs."""
-    saved, now = manifest["train"], run_meaning(cfg)
-    if "data_sha256" in saved:
-        saved = {**saved, "data": saved["data_sha256"]}
-    else:      # a checkpoint from before the digest was kept: compare the paths
-        now["data"] = cfg.data
+    """{flag: [the checkpoint's value, this run's]} for each of `MEANING` that differs.
+    The data is compared by its digest, not by its path."""
+    saved = {**manifest["train"], "data": manifest["train"].get("data_sha256")}
+    now = {**{k: getattr(cfg, k) for k in MEANING}, "data": data_digest(cfg.data)}
     return {MEANING[k]: [saved.get(k), now[k]] for k in MEANING if saved.get(k) != now[k]}
 
 
 def check_flags(cfg) -> None:
-    """What --save and --resume name on disk, before any rank starts (`preflight.check_run`;
-    the flags' own rules, --save-every's among them, are `TrainConfig.problems`)."""
-    if cfg.save and os.path.exists(cfg.save) and not os.path.isdir(cfg.save):
-        raise ConfigError(f"--save {cfg.save} is a file, not a directory")
+    """What --resume names on disk, before any rank starts (`preflight.check_run`, which
+    also checks that --save is a directory; the flags' own rules, --save-every's among
+    them, are `TrainConfig.problems`): a checkpoint of this model whose steps meant what
+    this run's mean."""
     if cfg.resume is not None:
-        manifest = check_resume(cfg.resume, cfg.model_config(), cfg.steps)
-        changes = meaning_changes(manifest, cfg)
+        changes = meaning_changes(check_resume(cfg.resume, cfg.model_config(), cfg.steps), cfg)
         if changes and not cfg.resume_allow_change:
             what = ", ".join(f"{flag} {_short(old)} (now {_short(new)})"
                              for flag, (old, new) in changes.items())
@@ -231,65 +228,64 @@ def _short(v):
 
 
 # ================================================================ what a rank holds
-def canonical_name(name: str, model: ModelConfig) -> str:
-    """With tied embeddings the head *is* the embedding: one tensor, one name, wherever a
-    pipeline stage keeps its copy."""
-    return "embed_tokens.weight" if model.tie_embeddings and name == "lm_head.weight" else name
-
-
 def named_params(chunks, model: ModelConfig) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(canonical_name(n, model), p) for m in chunks for n, p in m.named_parameters()]
+    """(name, parameter) of every piece of the model. With tied embeddings the head *is*
+    the embedding: one tensor, one name, wherever a pipeline stage keeps its copy."""
+    tied = {"lm_head.weight": "embed_tokens.weight"} if model.tie_embeddings else {}
+    return [(tied.get(n, n), p) for m in chunks for n, p in m.named_parameters()]
 
 
-def shard_entries(chunks, dp: DataParallel, optimizer, grid, model: ModelConfig) -> list[dict]:
-    """This rank's slices of every parameter it saves, with AdamW's m, v and step, each
-    labelled with where it lies in the global tensor. What a rank holds of a parameter is
+def shard_entries(chunks, dp, optimizer, grid, model: ModelConfig):
+    """This rank's slices of every parameter it saves, one at a time, with AdamW's m, v and
+    step, each labelled with where it lies in the global tensor. What a rank holds of a parameter is
     `dp.shard_of(p)`: all of it, or (ZeRO) its piece. Copies of one tensor are saved once,
     by the rank whose copy counts, as the gradient norm counts it once."""
-    out = []
     for name, p in named_params(chunks, model):
         shard = dp.shard_of(p)
         if shard.start == shard.stop or not grid.counts(p, dp.holds_replicas):
             continue
         tp_dim = getattr(p, "_tp_dim", None)
+        tp_rank, tp_size = (grid.tp.rank, grid.tp.size) if tp_dim is not None else (0, 1)
         entry = {"name": name, "shape": list(shard.shape), "start": shard.start,
-                 "stop": shard.stop, "tp_dim": tp_dim,
-                 "tp_rank": grid.tp.rank if tp_dim is not None else 0,
-                 "tp_size": grid.tp.size if tp_dim is not None else 1,
+                 "stop": shard.stop, "tp_dim": tp_dim, "tp_rank": tp_rank, "tp_size": tp_size,
                  # a copy: a view would drag its whole storage (the full parameter) along
                  "param": shard.data.detach().reshape(-1).to("cpu", copy=True)}
-        state = optimizer.state.get(shard.key) or {}
+        state = optimizer.state.get(shard.key)
         if state:
-            entry["adam_step"] = float(state["step"])
-            for k in ("exp_avg", "exp_avg_sq"):
-                entry[k] = state[k].detach().reshape(-1).to("cpu", copy=True)
-        out.append(entry)
-    return out
+            entry.update(adam_step=float(state["step"]),
+                         **{k: state[k].detach().reshape(-1).to("cpu", copy=True) for k in ADAM})
+        yield entry
 
 
 # ================================================================ reassembling and cutting
 def full_tensor(entries: list[dict], key: str = "param") -> torch.Tensor:
     """The global tensor `key` of one parameter from the slices that hold it: pieces fill
     the flat ranges of each TP shard, TP shards are concatenated along their dim. Copies of
-    one slice (a tied head, say) are harmless: they are equal."""
+    one slice (a tied head, say) are harmless: they are equal. Every TP shard has the
+    same shape (the layout's rules make tp divide the dim it cuts)."""
     first = entries[0]
-    name, tp_size, tp_dim = first["name"], first["tp_size"], first["tp_dim"]
+    shape, tp_dim = first["shape"], first["tp_dim"]
     shards = []
-    for t in range(tp_size):
-        mine = [e for e in entries if e["tp_rank"] == t]
-        if not mine:
-            raise CheckpointError(f"{name}: no file holds its tensor-parallel shard {t} of {tp_size}")
-        shape = mine[0]["shape"]
-        flat = torch.empty(math.prod(shape), dtype=mine[0][key].dtype)
+    for t in range(first["tp_size"]):
+        flat = torch.empty(math.prod(shape), dtype=first[key].dtype)
         covered = torch.zeros(flat.numel(), dtype=torch.bool)
-        for e in mine:
-            flat[e["start"]:e["stop"]] = e[key]
-            covered[e["start"]:e["stop"]] = True
+        for piece in (e for e in entries if e["tp_rank"] == t):
+            flat[piece["start"]:piece["stop"]] = piece[key]
+            covered[piece["start"]:piece["stop"]] = True
         if not covered.all():
-            raise CheckpointError(f"{name}: {int((~covered).sum())} of its elements "
+            raise CheckpointError(f"{first['name']}: {int((~covered).sum())} of its elements "
                                   f"(TP shard {t}) are in no file of the checkpoint")
         shards.append(flat.view(shape))
     return torch.cat(shards, dim=tp_dim) if tp_dim is not None else shards[0]
+
+
+def full_state(entries: list[dict]) -> dict[str, torch.Tensor]:
+    """Every parameter's full tensor from the slices (`shard_entries`) that hold it,
+    whichever ranks saved them."""
+    by_name = defaultdict(list)
+    for e in entries:
+        by_name[e["name"]].append(e)
+    return {name: full_tensor(es) for name, es in by_name.items()}
 
 
 def tp_local(full: torch.Tensor, tp_dim: int | None, tp_rank: int, tp_size: int) -> torch.Tensor:
@@ -323,25 +319,6 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def read_verified(step_dir: str, name: str, manifest: dict) -> bytes:
-    """A file's bytes, after checking them against the manifest's size and SHA-256."""
-    path = os.path.join(step_dir, name)
-    info = manifest["files"].get(name)
-    if info is None:
-        raise CheckpointError(f"checkpoint file {path} is not in its manifest")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
-    if len(data) != info["bytes"]:
-        raise CheckpointError(f"checkpoint file {path} is {len(data)} bytes, the manifest says "
-                              f"{info['bytes']} (truncated or overwritten)")
-    if hashlib.sha256(data).hexdigest() != info["sha256"]:
-        raise CheckpointError(f"checkpoint file {path} is corrupt: its SHA-256 differs from the manifest's")
-    return data
-
-
 def load_torch(step_dir: str, name: str, manifest: dict):
     data = read_verified(step_dir, name, manifest)
     try:
@@ -360,8 +337,7 @@ def _rng_state() -> dict:
 
 
 # ================================================================ save and load
-def save(root: str, step: int, chunks, dp: DataParallel, optimizer, grid, cfg,
-         history: list[dict]) -> str:
+def save(root: str, step: int, chunks, dp, optimizer, grid, cfg, history: list[dict]) -> str:
     """Every rank calls this after `step` steps are done; returns the checkpoint directory.
 
     Each rank writes its own file into a temporary directory; rank 0, once every rank has
@@ -370,15 +346,13 @@ def save(root: str, step: int, chunks, dp: DataParallel, optimizer, grid, cfg,
     """
     final = os.path.join(root, step_dir_name(step))
     tmp = final + ".tmp"
-    model = cfg.model_config()
     with comm.paused():
         if grid.rank == 0:
-            os.makedirs(root, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)     # left by a save that crashed
-            os.makedirs(tmp)
+            os.makedirs(tmp)                           # (and `root`, the first time)
         dist.barrier()
         name = f"rank_{grid.rank:05d}.pt"
-        entries = shard_entries(chunks, dp, optimizer, grid, model)
+        entries = list(shard_entries(chunks, dp, optimizer, grid, cfg.model_config()))
         info = _write_shard(os.path.join(tmp, name), entries, grid)
         reports = [None] * grid.world_size
         dist.all_gather_object(reports, (name, info, _rng_state()))
@@ -400,14 +374,12 @@ def replace_dir(tmp: str, final: str) -> None:
     """Move the complete directory `tmp` to `final`. When `final` exists: two renames, not
     one (a directory cannot replace a non-empty one); between them `final` is briefly
     missing, but whatever points at it (`latest`) is written only after both."""
+    old = final + ".old"
+    shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(final):
-        old = final + ".old"
-        shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _commit(root, tmp, final, step, cfg, reports, history):
@@ -415,16 +387,10 @@ def _commit(root, tmp, final, step, cfg, reports, history):
     files[RNG] = _write(os.path.join(tmp, RNG), _torch_bytes([rng for _, _, rng in reports]))
     files[HISTORY] = _write(os.path.join(tmp, HISTORY),
                             "".join(json.dumps(r) + "\n" for r in history).encode())
-    manifest = {
-        "format": FORMAT, "step": step, "world_size": len(reports),
-        "layout": cfg.parallel.as_dict(),
-        "model": dataclasses.asdict(cfg.model_config()),
-        "train": {**{k: getattr(cfg, k) for k in ("seed", "global_batch", "seq_len", "lr",
-                                                  "warmup_steps", "decay_steps", "min_lr_ratio",
-                                                  "weight_decay", "clip", "data", "init_hf")},
-                  "data_sha256": data_digest(cfg.data)},
-        "files": files,
-    }
+    train = {**{k: getattr(cfg, k) for k in TRAIN_KEYS}, "data_sha256": data_digest(cfg.data)}
+    manifest = {"format": FORMAT, "step": step, "world_size": len(reports),
+                "layout": cfg.parallel.as_dict(), "model": dataclasses.asdict(cfg.model_config()),
+                "train": train, "files": files}
     _write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
     _fsync_dir(tmp)
     # saved before? a run resumed from an older checkpoint passes this step again
@@ -435,8 +401,7 @@ def _commit(root, tmp, final, step, cfg, reports, history):
     _fsync_dir(root)
 
 
-def load(path: str, chunks, dp: DataParallel, optimizer, grid,
-         model: ModelConfig) -> tuple[int, list[dict]]:
+def load(path: str, chunks, dp, optimizer, grid, model: ModelConfig) -> tuple[int, list[dict]]:
     """Every rank calls this after building its model pieces (in any layout). Fills the
     parameters and AdamW's state with the checkpoint's; returns (the step to continue
     from, the records of the steps before it)."""
@@ -444,53 +409,42 @@ def load(path: str, chunks, dp: DataParallel, optimizer, grid,
     manifest = read_manifest(step_dir)
     mine = named_params(chunks, model)
     needed = {name for name, _ in mine}
-    entries = defaultdict(list)
+    entries = defaultdict(list)     # the slices of each parameter, from the files that hold any
     for fname, info in manifest["files"].items():
         if fname.startswith("rank_") and needed.intersection(info["names"]):
             for e in load_torch(step_dir, fname, manifest)["entries"]:
-                if e["name"] in needed:
-                    entries[e["name"]].append(e)
-    with torch.no_grad():
+                entries[e["name"]].append(e)
+    with torch.no_grad():      # every name is there: `check_resume` found the same model
         for name, p in mine:
-            if name not in entries:
-                raise CheckpointError(f"{step_dir}: no file of the checkpoint holds {name}")
-            _restore(name, p, entries[name], dp, optimizer, grid)
+            _restore(p, entries[name], dp, optimizer, grid)
     _restore_rng(step_dir, manifest, grid)
     history = [json.loads(line) for line in
                read_verified(step_dir, HISTORY, manifest).decode().splitlines() if line]
     return manifest["step"], history
 
 
-def _restore(name, p, entries, dp: DataParallel, optimizer, grid):
-    shard = dp.shard_of(p)
-    tp_dim = getattr(p, "_tp_dim", None)
-
-    def local(k):          # this layout's TP-local tensor k of the parameter
-        t = tp_local(full_tensor(entries, k), tp_dim, grid.tp.rank, grid.tp.size)
-        if t.shape != shard.shape:
-            raise CheckpointError(f"{name}: the checkpoint's slice has shape {tuple(t.shape)}, "
-                                  f"this layout holds {tuple(shard.shape)}")
-        return t
-
-    param = local("param")
+def _restore(p, entries, dp, optimizer, grid):
+    shard, tp_dim = dp.shard_of(p), getattr(p, "_tp_dim", None)
+    # this layout's TP-local tensor of each key saved (the weight; AdamW's m and v), ...
+    local = {k: tp_local(full_tensor(entries, k), tp_dim, grid.tp.rank, grid.tp.size)
+             for k in ("param", *ADAM) if k in entries[0]}
+    # ... and the piece of it this rank holds (all of it, or its ZeRO range)
+    piece = {k: t.reshape(-1)[shard.start:shard.stop] for k, t in local.items()}
     if p.shape == shard.shape:
-        p.data.copy_(param)     # whole here (ZeRO-1/2 pieces are views of it)
+        p.data.copy_(local["param"])     # whole here (ZeRO-1/2 pieces are views of it)
     # ZeRO-3 holds the whole parameter only while a unit runs: its piece is the only copy
-    shard.data.copy_(param.reshape(-1)[shard.start:shard.stop])
-    if "exp_avg" in entries[0]:
-        key = shard.key
-        optimizer.state[key] = {
+    shard.data.copy_(piece["param"])
+    if "exp_avg" in piece:
+        optimizer.state[shard.key] = {
             "step": torch.tensor(entries[0]["adam_step"], dtype=torch.float32),
-            **{k: local(k).reshape(-1)[shard.start:shard.stop].to(key.device, copy=True).view(key.shape)
-               for k in ("exp_avg", "exp_avg_sq")}}
+            **{k: piece[k].to(shard.key.device, copy=True).view(shard.key.shape) for k in ADAM}}
 
 
 def _restore_rng(step_dir, manifest, grid):
     """The same layout gets back each rank's own state; another layout has no such thing
     as "the same rank", and every rank takes rank 0's."""
     states = load_torch(step_dir, RNG, manifest)
-    same = manifest["world_size"] == grid.world_size and \
-        all(manifest["layout"][k] == grid.sizes[k] for k in ("tp", "cp", "pp", "dp"))
+    same = all(manifest["layout"][k] == n for k, n in grid.sizes.items())
     state = states[grid.rank if same else 0]
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():

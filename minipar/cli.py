@@ -4,14 +4,14 @@ cost model's layout flags.
 Chapter "One model, sixteen thousand GPUs". Every flag is a field of `ParallelConfig` or
 `TrainConfig` (`config.opt`): its name, type, default and help are written once, there.
 `add_flags` makes a parser group of a dataclass's fields (another command may declare its
-own defaults for them), `from_flags` reads them back. A bad flag is one line on stderr
+own defaults for them), `parse` reads them back. A bad flag is one line on stderr
 naming it, and exit status 2 (`Parser`), before any rank starts. Torch-free: the cost
 model builds its command line here too.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from .config import ParallelConfig, TrainConfig, flag_of
 
@@ -28,12 +28,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog + ': ' if self.prog_in_errors else ''}error: {message}\n")
 
 
-@dataclass(frozen=True)
-class Chosen:
+class Chosen(str):
     """A command's default left to the program: None on the command line, chosen later from
-    the other flags; `how` says how (in --help). A switch chosen so becomes --x / --no-x."""
-
-    how: str
+    the other flags; its text says how (in --help). A switch chosen so becomes --x / --no-x."""
 
 
 def add_flags(group, cls, only=None, defaults: dict | None = None) -> None:
@@ -42,25 +39,17 @@ def add_flags(group, cls, only=None, defaults: dict | None = None) -> None:
     default for this command: {name: value}, or {name: Chosen(how)}."""
     by_name, defaults = {f.name: f for f in fields(cls) if "help" in f.metadata}, defaults or {}
     for name in only or by_name:
-        meta, default = dict(by_name[name].metadata), by_name[name].default
-        flag = meta.pop("flag", flag_of(name))
+        meta, default = dict(by_name[name].metadata), defaults.get(name, by_name[name].default)
         if name in defaults:        # this command's own default, said in its help
-            default = defaults[name]
-            meta["help"] += f" (default: {getattr(default, 'how', default)})"
+            meta["help"] += f" (default: {default})"
             default = None if isinstance(default, Chosen) else default
-        if isinstance(by_name[name].default, bool):
-            action = (argparse.BooleanOptionalAction if default is None else
-                      "store_false" if default else "store_true")
-            group.add_argument(flag, dest=name, action=action, default=default, **meta)
-        else:
+        if isinstance(by_name[name].default, bool):     # a switch
+            meta["action"] = (argparse.BooleanOptionalAction if default is None else
+                              "store_false" if default else "store_true")
+        elif by_name[name].default is not None:     # typed by its default (None: a string)
             meta.setdefault("type", type(by_name[name].default))
-            group.add_argument(flag, dest=name, default=default, **meta)
-
-
-def from_flags(cls, ns: argparse.Namespace, **extra):
-    """The dataclass `cls` from parsed flags (its `opt` fields) and `extra` fields."""
-    given = {f.name: getattr(ns, f.name) for f in fields(cls) if "help" in f.metadata}
-    return cls(**given, **extra)
+        # the flag leaves `meta` before argparse reads the rest of it (its type, help, action)
+        group.add_argument(meta.pop("flag", flag_of(name)), dest=name, default=default, **meta)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None) -> TrainConfig:
-    """The run the flags describe (exits 2 on a malformed flag)."""
-    ns = build_parser().parse_args(argv)
-    return from_flags(TrainConfig, ns, parallel=from_flags(ParallelConfig, ns))
+    """The run the flags describe (exits 2 on a malformed flag): the layout's flags make its
+    `ParallelConfig`, the others are `TrainConfig`'s own fields."""
+    given = vars(build_parser().parse_args(argv))
+    layout = ParallelConfig(**{f.name: given.pop(f.name) for f in fields(ParallelConfig)})
+    return TrainConfig(parallel=layout, **given)

@@ -15,7 +15,8 @@ formulas and the measured numbers agree on CPU and on NCCL alike.
 
 Every collective started with `async_op=True` returns a `Handle`: one type whose `wait()`
 returns the result, whatever the collective. The autograd-aware collectives built on these
-(Megatron's f and g, sequence parallelism's gather and scatter) are in `parallel/regions.py`.
+(Megatron's f and g, sequence parallelism's gather and scatter) are in `parallel/regions.py`;
+the ring all-reduce written out with sends and receives is `ring.py`.
 """
 from __future__ import annotations
 
@@ -103,22 +104,20 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _run(collective, axis: Axis, name: str, payload: int, full: int, /, *args, async_op=False,
-         **kw):
-    """Start one collective over `axis`; count it in `LOG` and note it in the event stream."""
+def _run(collective, axis: Axis, name: str, payload: int, full: int, finish, /, *args,
+         async_op=False, **kw):
+    """Start one collective over `axis`; count it in `LOG` and note it in the event stream.
+    Returns `finish()` once it has arrived, or with async_op a `Handle` whose wait() does."""
     start = events.now()
     work = collective(*args, group=axis.group, async_op=async_op, **kw)
     if LOG.record(axis.log_as, name, axis.size, payload, full):
         events.collective(axis.log_as, name, axis.ranks, payload,
                           wire_bytes(name, axis.size, full), start, work if async_op else None)
-    return work
+    handle = Handle([work] if async_op else [], finish=finish)
+    return handle if async_op else handle.wait()
 
 
 # ------------------------------------------------------------------- plain collectives
-# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
 # All reductions are SUM and callers divide themselves: older torch releases refused
 # ReduceOp.AVG on gloo (the pinned 2.13.0 accepts it), a sum works on every backend, and
 # data parallelism divides by the global token count anyway, not by the number of ranks.
@@ -129,45 +128,37 @@ def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum", async_op: bool = Fa
     """In-place all-reduce of `t` over `axis`: returns `t`, or a `Handle` with async_op."""
     if axis.size == 1:
         return Handle(result=t) if async_op else t
-    work = _run(dist.all_reduce, axis, "all_reduce", nbytes(t), nbytes(t), t, op=_OPS[op],
-                async_op=async_op)
-    return Handle([work], result=t) if async_op else t
+    return _run(dist.all_reduce, axis, "all_reduce", nbytes(t), nbytes(t), lambda: t, t,
+                op=_OPS[op], async_op=async_op)
 
 
 def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
     """Concatenate every rank's `t` along `dim` (rank order): the gathered tensor, or a
     `Handle` whose wait() returns it."""
-    if axis.size == 1:
-        return Handle(result=t) if async_op else t
-    inp = t.movedim(dim, 0).contiguous()
-    out = torch.empty((axis.size * inp.shape[0], *inp.shape[1:]), dtype=t.dtype, device=t.device)
-    work = _run(_all_gather_flat, axis, "all_gather", nbytes(inp), nbytes(out), out, inp,
-                async_op=async_op)
-    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
-    return handle if async_op else handle.wait()
+    return _along_dim(dist.all_gather_single, "all_gather", t, axis, dim,
+                      axis.size * t.shape[dim], async_op)
 
 
 def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
     """Sum `t` over ranks and keep this rank's 1/n slice along `dim` (or a `Handle`)."""
-    if axis.size == 1:
-        return Handle(result=t) if async_op else t
     if t.shape[dim] % axis.size:
         raise ValueError(f"reduce_scatter over {axis.name}: dim {dim} of size {t.shape[dim]} "
                          f"is not divisible by {axis.size}")
+    return _along_dim(dist.reduce_scatter_single, "reduce_scatter", t, axis, dim,
+                      t.shape[dim] // axis.size, async_op)
+
+
+def _along_dim(collective, name: str, t: torch.Tensor, axis: Axis, dim: int, out_size: int,
+               async_op: bool):
+    """All-gather or reduce-scatter `t` along `dim`, `out_size` long in the result. torch's
+    collectives work along dim 0 of a contiguous tensor: `dim` goes to the front and back.
+    The ring formula's size is the larger side: the gathered result, or the full input."""
+    if axis.size == 1:
+        return Handle(result=t) if async_op else t
     inp = t.movedim(dim, 0).contiguous()
-    out = torch.empty((inp.shape[0] // axis.size, *inp.shape[1:]), dtype=t.dtype, device=t.device)
-    work = _run(_reduce_scatter_flat, axis, "reduce_scatter", nbytes(inp), nbytes(inp), out,
-                inp, async_op=async_op)
-    handle = Handle([work] if async_op else [], finish=lambda: out.movedim(0, dim))
-    return handle if async_op else handle.wait()
-
-
-def broadcast(t: torch.Tensor, axis: Axis, src_index: int = 0):
-    """Copy the tensor of the rank at position `src_index` of `axis` to all its ranks."""
-    if axis.size > 1:
-        _run(dist.broadcast, axis, "broadcast", nbytes(t), nbytes(t), t,
-             src=axis.global_rank(src_index))
-    return t
+    out = inp.new_empty((out_size, *inp.shape[1:]))
+    return _run(collective, axis, name, nbytes(inp), max(nbytes(inp), nbytes(out)),
+                lambda: out.movedim(0, dim), out, inp, async_op=async_op)
 
 
 def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
@@ -181,8 +172,8 @@ def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
                          f"{t.shape[split_dim]} is not divisible by {axis.size}")
     inp = torch.stack(t.chunk(axis.size, dim=split_dim)).contiguous()   # [n, piece...]
     out = torch.empty_like(inp)
-    _run(dist.all_to_all_single, axis, "all_to_all", nbytes(inp), nbytes(inp), out, inp)
-    return torch.cat(out.unbind(0), dim=concat_dim)
+    return _run(dist.all_to_all_single, axis, "all_to_all", nbytes(inp), nbytes(inp),
+                lambda: torch.cat(out.unbind(0), dim=concat_dim), out, inp)
 
 
 class Handle:
@@ -228,35 +219,6 @@ def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
             events.collective(axis_name, op, sorted((me, peer)), nbytes(t),
                               wire_bytes(op, 2, nbytes(t)), start, work, peer=peer, tag=tag)
     return Handle(works, result=[t for t, *_ in recvs])
-
-
-# ------------------------------------------------------- the ring algorithm, by hand
-def ring_schedule(n: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Which chunk each rank sends at each step of a ring all-reduce over n ranks:
-    n-1 reduce-scatter steps, then n-1 all-gather steps. Rank r sends to r+1."""
-    rs = [[(r - k - 1) % n for r in range(n)] for k in range(n - 1)]
-    ag = [[(r - k) % n for r in range(n)] for k in range(n - 1)]
-    return rs, ag
-
-
-def ring_all_reduce(x: torch.Tensor, axis: Axis, axis_name: str = "ring by hand"):
-    """The ring all-reduce written out with sends and receives, to see that its bytes are
-    the formula's: each rank sends 2(n-1) chunks of S/n. Returns (the sum, this rank's
-    slice of it: what a reduce-scatter alone would leave)."""
-    n, r = axis.size, axis.rank
-    right, left = axis.global_rank(r + 1), axis.global_rank(r - 1)
-    rs, ag = ring_schedule(n)
-    chunks = [c.clone() for c in x.chunk(n)]
-    incoming = torch.empty_like(chunks[0])
-    for k in range(n - 1):              # reduce-scatter: add what arrives, pass it on
-        exchange(sends=[(chunks[rs[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
-        chunks[rs[k][(r - 1) % n]] += incoming
-    mine = chunks[r].clone()            # complete: my slice of the sum
-    for k in range(n - 1):              # all-gather: pass the finished slices round
-        exchange(sends=[(chunks[ag[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
-        chunks[ag[k][(r - 1) % n]] = incoming.clone()
-    return torch.cat(chunks), mine
-
 
 
 @contextlib.contextmanager

@@ -34,20 +34,21 @@ class Problem(str):
 
 class ConfigError(ValueError):
     """A configuration breaks one rule or more: its message is their lines joined by "; ",
-    each naming the flag (or field) and the rule; `problems` holds them one by one."""
+    each naming the flag (or field) and the rule; `problems` holds them one by one (they are
+    the exception's args: `ConfigError(*problems)`)."""
 
-    def __init__(self, *problems: str):
-        super().__init__(*problems)
-        self.problems = list(problems)
+    @property
+    def problems(self) -> list[str]:
+        return list(self.args)
 
     def __str__(self) -> str:
-        return "; ".join(self.problems)
+        return "; ".join(self.args)
 
 
 def opt(default, help: str, **argparse_kw):
     """A field that is also a command-line flag, `--name-with-dashes`, typed by its default
-    (give `type=` when the default is None). A bool is a switch; `flag="--no-x"` turns a
-    True default off. `cli.add_flags` reads these."""
+    (a string when the default is None, unless `type=` says otherwise). A bool is a switch;
+    `flag="--no-x"` turns a True default off. `cli.add_flags` reads these."""
     return field(default=default, metadata={"help": help, **argparse_kw})
 
 
@@ -58,13 +59,20 @@ def flag_of(name: str) -> str:
 
 def positive(**counts: int) -> list[Problem]:
     """Each count (named by its field) below 1."""
-    return [Problem(f"{flag_of(k)} {n} must be a positive integer", flag_of(k), "positive", **{k: n})
-            for k, n in counts.items() if n < 1]
+    return [Problem(f"{flag_of(k)} {n} must be a positive integer", flag_of(k), "positive",
+                    **{k: n}) for k, n in counts.items() if n < 1]
 
 
-def broken(*rules) -> list[Problem]:
-    """The problems of the rules that do not hold, each given as (broken?, flag, rule, line)."""
+def broken(rules) -> list[Problem]:
+    """The rules that do not hold, from a table: one row per rule, (broken?, flag, rule, the
+    line a user reads)."""
     return [Problem(line, flag, rule) for bad, flag, rule, line in rules if bad]
+
+
+def refuse(problems: list[Problem]) -> None:
+    """Raise `ConfigError` listing `problems`, if there are any."""
+    if problems:
+        raise ConfigError(*problems)
 
 
 def unknown(flag: str, value, choices) -> Problem:
@@ -102,23 +110,22 @@ class ModelConfig:
     @property
     def llama3_rope(self) -> tuple[float, float, float, int] | None:
         """(factor, low_freq_factor, high_freq_factor, original context) or None: plain RoPE."""
-        if self.rope_factor == 1.0:
-            return None
-        return (self.rope_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
-                self.rope_original_max_len)
+        scaled = (self.rope_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                  self.rope_original_max_len)
+        return None if self.rope_factor == 1.0 else scaled
 
     def problems(self) -> list[Problem]:
         """Rules of the architecture itself, independent of any layout."""
         sizes = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
-        out = broken(*((getattr(self, k) <= 0, k, "positive", f"{k}={getattr(self, k)} must be "
-                        "positive") for k in sizes))
-        return out or broken(
+        out = broken((getattr(self, k) <= 0, k, "positive", f"{k}={getattr(self, k)} must be "
+                      "positive") for k in sizes)
+        return out or broken([
             (self.dim % self.n_heads, "dim", "heads",
              f"dim={self.dim} must be divisible by n_heads={self.n_heads}"),
             (not self.dim % self.n_heads and self.head_dim % 2, "dim", "rope",
              f"head_dim={self.head_dim} must be even for RoPE"),
             (self.n_heads % self.n_kv_heads, "n_kv_heads", "groups",
-             f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}"))
+             f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")])
 
     @classmethod
     def preset(cls, name: str, flag: str = "--model") -> "ModelConfig":
@@ -130,26 +137,20 @@ class ModelConfig:
 # `tiny` is sized for a 2-core laptop and chosen so that every layout with tp, cp, pp, dp in
 # {1, 2, 4} and pp * virtual_stages <= 8 is valid: 8 layers, 8 query and 4 KV heads, FFN and
 # vocabulary divisible by 4. Its vocabulary is 256 so that `--data` can train on raw bytes.
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(name="tiny"),
+# What every Llama 3 shares: 8 KV heads, the 128256-token vocabulary, RoPE base 500000 and
+# 8192 positions; each preset below replaces the rest.
+LLAMA3_SHARED = ModelConfig(n_kv_heads=8, vocab_size=128256, max_seq_len=8192, rope_theta=500000.0)
+PRESETS: dict[str, ModelConfig] = {name: replace(model, name=name) for name, model in {
+    "tiny": ModelConfig(),
     # Llama 3.2 1B's config.json (1.24B parameters, embeddings tied): the ~1B model the GPU
     # benchmarks train. Its 131072 positions come from rope_scaling "llama3": factor 32 over
-    # the 8192 it was pretrained at (low/high frequency factors 1 and 4).
-    "llama3.2-1b": ModelConfig(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192,
-                               vocab_size=128256, max_seq_len=131072, rope_theta=500000.0,
-                               rope_factor=32.0, rope_low_freq_factor=1.0,
-                               rope_high_freq_factor=4.0, rope_original_max_len=8192,
-                               tie_embeddings=True, name="llama3.2-1b"),
-    "llama3-8b": ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
-                             vocab_size=128256, max_seq_len=8192, rope_theta=500000.0,
-                             name="llama3-8b"),
-    "llama3-70b": ModelConfig(n_layers=80, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672,
-                              vocab_size=128256, max_seq_len=8192, rope_theta=500000.0,
-                              name="llama3-70b"),
-    "llama3-405b": ModelConfig(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8,
-                               ffn_dim=53248, vocab_size=128256, max_seq_len=8192,
-                               rope_theta=500000.0, name="llama3-405b"),
-}
+    # the 8192 it was pretrained at (low/high frequency factors 1 and 4: the defaults).
+    "llama3.2-1b": replace(LLAMA3_SHARED, n_layers=16, dim=2048, n_heads=32, ffn_dim=8192,
+                           max_seq_len=131072, rope_factor=32.0, tie_embeddings=True),
+    "llama3-8b": replace(LLAMA3_SHARED, n_layers=32, dim=4096, n_heads=32, ffn_dim=14336),
+    "llama3-70b": replace(LLAMA3_SHARED, n_layers=80, dim=8192, n_heads=64, ffn_dim=28672),
+    "llama3-405b": replace(LLAMA3_SHARED, n_layers=126, dim=16384, n_heads=128, ffn_dim=53248),
+}.items()}                                  # each preset named by its key
 
 
 # The layout's vocabularies, each written once: the rules below, the flags' help, the cost
@@ -160,21 +161,20 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def schedule_problems(schedule: str, pp: int, microbatches: int, virtual_stages: int) -> list[Problem]:
+def schedule_problems(schedule: str, pp: int, microbatches: int,
+                      virtual_stages: int) -> list[Problem]:
     """The rules of a pipeline schedule: the layout's, and `parallel.schedules.make_schedule`'s
     (which waives rule "groups" when it is given a group size of its own)."""
     if schedule not in SCHEDULES:
         return [unknown("--schedule", schedule, SCHEDULES)]
-    out = []
-    if virtual_stages > 1 and schedule != "interleaved":
-        out.append(Problem(f"--virtual-stages {virtual_stages} needs --schedule interleaved "
-                           f"(schedule {schedule!r} has one chunk per rank)",
-                           "--virtual-stages", "chunks", virtual_stages=virtual_stages))
-    if schedule == "interleaved" and pp > 1 and microbatches % pp:
-        out.append(Problem(f"--schedule interleaved needs --microbatches ({microbatches}) to be "
-                           f"a multiple of --pp {pp}: micro-batches go through each chunk in "
-                           "groups of pp", "--schedule", "groups", microbatches=microbatches, pp=pp))
-    return out
+    chunks = Problem(f"--virtual-stages {virtual_stages} needs --schedule interleaved (schedule "
+                     f"{schedule!r} has one chunk per rank)", "--virtual-stages", "chunks",
+                     virtual_stages=virtual_stages)
+    groups = Problem(f"--schedule interleaved needs --microbatches ({microbatches}) to be a "
+                     f"multiple of --pp {pp}: micro-batches go through each chunk in groups of "
+                     "pp", "--schedule", "groups", microbatches=microbatches, pp=pp)
+    out = [chunks] if virtual_stages > 1 and schedule != "interleaved" else []
+    return out + ([groups] if schedule == "interleaved" and pp > 1 and microbatches % pp else [])
 
 
 @dataclass(frozen=True)
@@ -189,10 +189,8 @@ class ParallelConfig:
     cp: int = opt(1, "context-parallel degree")
     pp: int = opt(1, "pipeline-parallel degree")
     dp: int = opt(1, "data-parallel degree (outermost)")
-    zero: int = opt(0, "ZeRO stage: 0 plain DP, 1 shard the optimizer state, 2 + gradients, "
-                       "3 + parameters")
-    bucket_mb: float = opt(25.0, "gradient bucket size in MB; 0 = naive: one all-reduce per "
-                                 "gradient after backward")
+    zero: int = opt(0, "ZeRO: 0 plain DP, 1 shards the optimizer state, 2 + gradients, 3 + weights")
+    bucket_mb: float = opt(25.0, "MB per gradient bucket (0 = naive: each gradient after backward)")
     sp: bool = opt(False, "sequence parallelism (with --tp > 1)")
     tp_overlap: bool = opt(False, "collective matmul: SP's all-gather and reduce-scatter cut "
                                   "into ring steps hidden behind the matmuls (with --sp)")
@@ -202,13 +200,12 @@ class ParallelConfig:
                                          "--pp with --schedule interleaved, else 1)", type=int)
     cp_impl: str = opt("ring", f"context-parallel attention: {' or '.join(CP_IMPLS)}")
     recompute: str = opt("none", "activation recomputation: none, selective (the attention "
-                                 "core) or full (each block from its input)",
-                         choices=RECOMPUTE_MODES)
+                         "core) or full (each block from its input)", choices=RECOMPUTE_MODES)
 
     def __post_init__(self):
         # The default every schedule accepts: interleaved wants a multiple of --pp.
         if self.microbatches is None:
-            m = self.pp if self.schedule == "interleaved" and self.pp > 1 else 1
+            m = self.pp if self.schedule == "interleaved" else 1
             object.__setattr__(self, "microbatches", m)
 
     @property
@@ -226,89 +223,77 @@ class ParallelConfig:
                        seq_len=seq_len, global_batch=global_batch)
         if out:
             return out
-        return (self._choice_problems() + self._tensor_problems(model, seq_len)
-                + self._ulysses_problems(model) + self._batch_problems(model, seq_len, global_batch)
-                + self._pipeline_problems(model, end_stages))
-
-    def _choice_problems(self) -> list[Problem]:
         words = (("zero", ZERO_STAGES), ("cp_impl", CP_IMPLS), ("recompute", RECOMPUTE_MODES))
-        out = [unknown(flag_of(k), getattr(self, k), choices) for k, choices in words
-               if getattr(self, k) not in choices]
+        out = [unknown(flag_of(k), getattr(self, k), known) for k, known in words
+               if getattr(self, k) not in known]
         # `not 0 <= x`, never `x < 0`: NaN compares False with everything
-        out += broken((not 0 <= self.bucket_mb < math.inf, "--bucket-mb", "range",
-                       f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)"))
-        return out + schedule_problems(self.schedule, self.pp, self.microbatches,
-                                       self.virtual_stages)
+        out += broken([(not 0 <= self.bucket_mb < math.inf, "--bucket-mb", "range",
+                        f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)")])
+        out += schedule_problems(self.schedule, self.pp, self.microbatches, self.virtual_stages)
+        return out + broken(self._shard_rules(model, seq_len)
+                            + self._fit_rules(model, seq_len, global_batch, end_stages))
 
-    def _tensor_problems(self, m: ModelConfig, seq_len: int) -> list[Problem]:
+    def _shard_rules(self, m: ModelConfig, seq_len: int) -> list[tuple]:
+        """TP shards the heads, the FFN and the vocabulary; SP and CP the sequence. Ulysses
+        trades sequence shards for head shards: each CP rank gets 1/cp of the TP rank's
+        heads. KV heads fewer than cp are replicated (GQA), if cp is a multiple."""
         tp, cp, sp, local = self.tp, self.cp, self.sp, seq_len // self.cp
+        kv = m.n_kv_heads // tp                    # KV heads per TP rank
         what = f"--seq-len {seq_len}" if cp == 1 else f"the per-CP-rank sequence {local}"
-        return broken(*((getattr(m, k) % tp, "--tp", "divides",
-                         f"--tp {tp} does not divide {k}={getattr(m, k)}")
-                        for k in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"))) + broken(
+        chunks = cp > 1 and seq_len % (2 * cp)     # when broken, SP's rule is not checked
+        ulysses = (self.cp_impl == "ulysses" and cp > 1         # its rules, once TP's hold
+                   and not (m.n_heads % tp or m.n_kv_heads % tp))
+        divides = [(getattr(m, k) % tp, "--tp", "divides", f"--tp {tp} does not divide {k}="
+                    f"{getattr(m, k)}") for k in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")]
+        return divides + [
             (sp and tp == 1, "--sp", "needs tp",
              "--sp needs --tp > 1 (sequence parallelism shards along the TP group)"),
-            (cp > 1 and seq_len % (2 * cp), "--cp", "chunks", f"--cp {cp} needs --seq-len "
-             f"divisible by 2*cp={2 * cp} (load-balanced causal chunks); got {seq_len}"),
-            (sp and tp > 1 and local % tp and not (cp > 1 and seq_len % (2 * cp)), "--sp",
-             "slices", f"--sp needs {what} divisible by --tp {tp} (each TP rank keeps a slice "
-             "of the sequence)"),
+            (chunks, "--cp", "chunks", f"--cp {cp} needs --seq-len divisible by 2*cp={2 * cp} "
+             f"(load-balanced causal chunks); got {seq_len}"),
+            (sp and tp > 1 and local % tp and not chunks, "--sp", "slices", f"--sp needs {what} "
+             f"divisible by --tp {tp} (each TP rank keeps a slice of the sequence)"),
             (self.tp_overlap and not sp, "--tp-overlap", "needs sp",
              "--tp-overlap needs --sp (it overlaps SP's all-gather and reduce-scatter)"),
             (self.tp_overlap and self.pp > 1 and self.schedule == "zb", "--tp-overlap", "zb",
              "--tp-overlap does not combine with --schedule zb (W would rerun the ring of each "
-             "collective matmul)"))
+             "collective matmul)"),
+            (ulysses and m.n_heads % (cp * tp), "--cp-impl", "heads", f"--cp-impl ulysses needs "
+             f"n_heads={m.n_heads} divisible by cp*tp={cp * tp} (each rank attends with a share "
+             "of the heads)"),
+            (ulysses and kv % cp and cp % kv, "--cp-impl", "kv heads", f"--cp-impl ulysses needs "
+             f"the KV heads per TP rank ({kv}) divisible by --cp {cp}, or --cp a multiple of them "
+             "(to replicate them)")]
 
-    def _ulysses_problems(self, m: ModelConfig) -> list[Problem]:
-        """Ulysses trades sequence shards for head shards: each CP rank gets 1/cp of the
-        TP rank's heads. KV heads fewer than cp are replicated (GQA), if cp is a multiple."""
-        cp, tp, kv = self.cp, self.tp, m.n_kv_heads // self.tp
-        if self.cp_impl != "ulysses" or cp == 1 or m.n_heads % tp or m.n_kv_heads % tp:
-            return []
-        return broken(
-            (m.n_heads % (cp * tp), "--cp-impl", "heads", f"--cp-impl ulysses needs n_heads="
-             f"{m.n_heads} divisible by cp*tp={cp * tp} (each rank attends with a share of the "
-             "heads)"),
-            (kv % cp and cp % kv, "--cp-impl", "kv heads", f"--cp-impl ulysses needs the KV "
-             f"heads per TP rank ({kv}) divisible by --cp {cp}, or --cp a multiple of them (to "
-             "replicate them)"))
-
-    def _batch_problems(self, m: ModelConfig, seq_len: int, global_batch: int) -> list[Problem]:
-        split = self.dp * self.microbatches
-        why = (f" (--microbatches defaults to --pp {self.pp} with --schedule interleaved)"
-               if self.schedule == "interleaved" and self.microbatches == self.pp > 1 else "")
-        return broken(
+    def _fit_rules(self, m: ModelConfig, seq_len: int, global_batch: int,
+                   end_stages: int) -> list[tuple]:
+        """The batch splits into the layout's micro-batches; the stages fit the model."""
+        pp, v, split = self.pp, self.virtual_stages, self.dp * self.microbatches
+        most = m.n_layers + end_stages
+        why = (f" (--microbatches defaults to --pp {pp} with --schedule interleaved)"
+               if self.schedule == "interleaved" and self.microbatches == pp > 1 else "")
+        limit = (f"n_layers + {end_stages} = {most} (embedding and head may take a stage each)"
+                 if end_stages else f"n_layers={m.n_layers}")
+        return [
             (seq_len > m.max_seq_len, "--seq-len", "positions",
              f"--seq-len {seq_len} exceeds the model's max_seq_len={m.max_seq_len}"),
             (global_batch % split, "--global-batch", "split", f"--global-batch {global_batch} "
-             f"is not divisible by dp*microbatches={self.dp}*{self.microbatches}={split}{why}"))
-
-    def _pipeline_problems(self, m: ModelConfig, end_stages: int) -> list[Problem]:
-        pp, v, most = self.pp, self.virtual_stages, m.n_layers + end_stages
-        limit = (f"n_layers + {end_stages} = {most} (embedding and head may take a stage each)"
-                 if end_stages else f"n_layers={m.n_layers}")
-        return broken(
+             f"is not divisible by dp*microbatches={self.dp}*{self.microbatches}={split}{why}"),
             (pp * v > most, "--pp", "stages",
              f"--pp {pp} x --virtual-stages {v} = {pp * v} stages exceeds {limit}"),
             (v > 1 and pp == 1, "--virtual-stages", "needs pp",
-             f"--virtual-stages {v} needs --pp > 1 (the chunks go round the pipeline ranks)"))
+             f"--virtual-stages {v} needs --pp > 1 (the chunks go round the pipeline ranks)")]
 
     def validate(self, model: ModelConfig, seq_len: int, global_batch: int) -> "ParallelConfig":
         """Raise `ConfigError` listing every broken rule; return self when all hold."""
-        out = model.problems() + self.problems(model, seq_len, global_batch)
-        if out:
-            raise ConfigError(*out)
+        refuse(model.problems() + self.problems(model, seq_len, global_batch))
         return self
 
-    def replace(self, **kw) -> "ParallelConfig":
-        return replace(self, **kw)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+    # `layout.replace(zero=2)`, `layout.as_dict()`: dataclasses' own, as methods
+    replace = replace
+    as_dict = asdict
 
 
 DTYPES = ("auto", "fp32", "bf16")
-MAX_LR = 1.0   # AdamW steps each weight by ~lr: beyond 1 no run learns, it only diverges
 
 
 @dataclass
@@ -329,34 +314,26 @@ class TrainConfig:
     weight_decay: float = opt(0.1, "AdamW's decoupled weight decay (matrices only)")
     clip: float = opt(1.0, "global gradient-norm clip (0 = off)")
     data: str | None = opt(None, "train on this text file: as bytes, or with --init-hf's "
-                                 "tokenizer.json (default: synthetic)", type=str)
-    init_hf: str | None = opt(None, "start from a Hugging Face Llama directory (config.json + "
-                                    "safetensors): its shape replaces --model's", type=str)
-    export_hf: str | None = opt(None, "at the end, write the model as a Hugging Face Llama "
-                                      "directory (config.json + model.safetensors)", type=str)
-    log_json: str | None = opt(None, "write one JSON object per step (JSON Lines)", type=str)
-    profile: str | None = opt(None, "write one Chrome/Perfetto trace of the whole job to "
-                                    "DIR/trace.json (open it in ui.perfetto.dev) and print how "
-                                    "much communication was hidden", type=str)
+                                 "tokenizer.json (default: synthetic)")
+    init_hf: str | None = opt(None, "start from a Hugging Face Llama directory (replaces --model)")
+    export_hf: str | None = opt(None, "write the final model as a Hugging Face Llama directory")
+    log_json: str | None = opt(None, "write one JSON object per step (JSON Lines)")
+    profile: str | None = opt(None, "write a Chrome/Perfetto trace of the job to DIR/trace.json "
+                                    "(ui.perfetto.dev) and print how much communication was hidden")
     dtype: str = opt("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16")
     timeout_s: float = opt(60.0, "collective timeout: a dead peer fails within it")
-    save: str | None = opt(None, "checkpoint directory (DIR/step_000010, DIR/latest)", type=str)
+    save: str | None = opt(None, "checkpoint directory (DIR/step_000010, DIR/latest)")
     save_every: int = opt(0, "checkpoint every K steps (0: only at the end)")
-    resume: str | None = opt(None, "resume from a checkpoint, or from a --save DIR's latest; "
-                                   "any layout", type=str)
+    resume: str | None = opt(None, "resume from a checkpoint or a --save DIR's latest (any layout)")
     fail_at_step: int | None = opt(None, "teaching: kill --fail-rank at this step", type=int)
     fail_rank: int | None = opt(None, "the rank --fail-at-step kills (default 0)", type=int)
-    max_restarts: int = opt(0, "on a failure, restart from --save's latest checkpoint, "
-                               "up to N times")
-    skip_nonfinite: bool = opt(False, "a step whose loss or gradient norm is NaN or inf is "
-                                      "skipped (no update) instead of stopping the run, exit 1, "
-                                      "naming the step (the default)")
-    stop_grace_s: float = opt(30.0, "on SIGTERM (Ctrl-C: at most 5), the seconds the ranks "
-                                    "get to finish their step and (with --save) checkpoint "
-                                    "before they are killed")
-    resume_allow_change: bool = opt(False, "let --resume continue with another --seq-len, "
-                                           "--global-batch, --data or --seed than the "
-                                           "checkpoint's (the log records the change)")
+    max_restarts: int = opt(0, "on a failure, restart from --save's last checkpoint, up to N times")
+    skip_nonfinite: bool = opt(False, "skip (no update) a step whose loss or grad norm is NaN "
+                                      "or inf instead of stopping the run: exit 1, naming the step")
+    stop_grace_s: float = opt(30.0, "on SIGTERM (Ctrl-C: at most 5): seconds to finish the step "
+                                    "and (with --save) checkpoint before the ranks are killed")
+    resume_allow_change: bool = opt(False, "let --resume change the checkpoint's --seq-len, "
+                                           "--global-batch, --data or --seed (the log says so)")
     progress: bool = opt(True, "no tqdm bar", flag="--no-progress")
     # --init-hf's model, read from DIR/config.json by the Hugging Face chapter's code
     # (`hf.with_model`, which `preflight.check_run` calls first); it replaces --model's.
@@ -374,32 +351,25 @@ class TrainConfig:
         return self.init_model or ModelConfig.preset(self.model)
 
     def problems(self) -> list[Problem]:
-        """The rules of the run itself (the layout's are ParallelConfig's)."""
+        """The rules of the run itself (the layout's are ParallelConfig's). Each real-valued flag
+        finite and in its range, written `not lo <= x <= hi`, never `x < lo`: NaN compares False
+        with everything, so `nan < 0` would let it through."""
+        out = [unknown("--dtype", self.dtype, DTYPES)] if self.dtype not in DTYPES else []
         counts = ("steps", "warmup_steps", "decay_steps", "save_every", "max_restarts")
-        out = broken(*((getattr(self, k) < 0, flag_of(k), "range",
-                        f"{flag_of(k)} {getattr(self, k)} must be >= 0") for k in counts))
-        if self.dtype not in DTYPES:
-            out.append(unknown("--dtype", self.dtype, DTYPES))
-        return out + self._number_problems() + self._needs_problems()
-
-    def _number_problems(self) -> list[Problem]:
-        """Each real-valued flag finite and in its range. Written `not lo <= x <= hi`, never
-        `x < lo`: NaN compares False with everything, so `nan < 0` would let it through."""
-        rules = [  # field, ok, the rule
-            ("lr", 0 < self.lr <= MAX_LR,
-             f"must be in (0, {MAX_LR:g}]: AdamW moves every weight by about lr per step"),
+        numbers = [(k, getattr(self, k) >= 0, "must be >= 0") for k in counts] + [
+            # field, in its range?, the rule
+            ("lr", 0 < self.lr <= 1,        # beyond 1 no run learns, it only diverges
+             "must be in (0, 1]: AdamW moves every weight by about lr per step"),
             ("weight_decay", 0 <= self.weight_decay < math.inf, "must be finite and >= 0"),
             ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1] (a fraction of --lr)"),
             ("clip", 0 <= self.clip < math.inf, "must be finite and >= 0 (0 = off)"),
             ("timeout_s", 0 < self.timeout_s < math.inf, "must be finite and positive"),
             ("stop_grace_s", 0 <= self.stop_grace_s < math.inf, "must be finite and >= 0")]
-        return broken(*((not ok, flag_of(k), "range", f"{flag_of(k)} {getattr(self, k)} {rule}")
-                        for k, ok, rule in rules))
-
-    def _needs_problems(self) -> list[Problem]:
-        """Flags that need another flag, or a value that fits the run."""
+        out += broken((not ok, flag_of(k), "range", f"{flag_of(k)} {getattr(self, k)} {rule}")
+                      for k, ok, rule in numbers)
+        # flags that need another flag, or a value that fits the run
         fail, rank, n = self.fail_at_step, self.fail_rank or 0, self.parallel.world_size
-        return broken(
+        return out + broken([
             (self.fail_rank is not None and fail is None, "--fail-rank", "needs",
              f"--fail-rank {self.fail_rank} needs --fail-at-step K"),
             (fail is not None and not 0 <= fail < self.steps, "--fail-at-step", "range",
@@ -407,16 +377,13 @@ class TrainConfig:
              f"(--steps {self.steps})"),
             (fail is not None and not 0 <= rank < n, "--fail-rank", "range",
              f"--fail-rank {rank} is not a rank of this layout (0..{n - 1})"),
-            (self.max_restarts > 0 and not self.save, "--max-restarts", "needs",
-             f"--max-restarts {self.max_restarts} needs --save DIR: a restart resumes from its "
-             "latest checkpoint"),
+            (self.max_restarts > 0 and not self.save, "--max-restarts", "needs", f"--max-restarts "
+             f"{self.max_restarts} needs --save DIR: a restart resumes from its latest checkpoint"),
             (self.save_every > 0 and not self.save, "--save-every", "needs",
-             f"--save-every {self.save_every} needs --save DIR"))
+             f"--save-every {self.save_every} needs --save DIR")])
 
     def validate(self) -> "TrainConfig":
         """Raise `ConfigError` listing every broken rule (model, layout, run)."""
         self.parallel.validate(self.model_config(), self.seq_len, self.global_batch)
-        out = self.problems()
-        if out:
-            raise ConfigError(*out)
+        refuse(self.problems())
         return self

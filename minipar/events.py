@@ -18,7 +18,7 @@ stage; the layer; the data-parallel bucket), so that a collective issued inside 
 forward of micro-batch 1 says so. Compute spans also carry the value of every *probe*
 installed when they end: `memory.ActivationMeter` installs one, so each action records the
 activation bytes alive after it. With no recorder installed nothing is noted and every
-function here costs one `if`.
+function here costs one `if` (`waiting`: two reads of the clock).
 
 The clock is `time.perf_counter_ns`: CLOCK_MONOTONIC on Linux, shared by the processes of
 one machine; `profile.py` aligns machines at a start barrier.
@@ -36,29 +36,39 @@ class Recorder:
 
     def __init__(self, rank: int):
         self.rank, self.start_ns = rank, now()
-        self.events: list[dict] = []
-        self.context: dict = {}          # what the rank is inside: action, layer, bucket
-        self.probes: dict = {}           # name -> a function read at the end of each action
-        self.in_flight: dict = {}        # id(work) -> its comm events, until they complete
+        # events; context: what the rank is inside (action, layer, bucket); probes: name -> a
+        # function read at the end of each action; in_flight: id(work) -> its comm events,
+        # until they complete
+        self.events, self.context, self.probes, self.in_flight = [], {}, {}, {}
 
     def add(self, name: str, cat: str, start: int, end: int | None, **args) -> dict:
-        event = {"name": name, "cat": cat, "start": start, "end": end,
-                 "args": {**self.context, **args}}
-        self.events.append(event)
-        return event
+        self.events.append(dict(name=name, cat=cat, start=start, end=end,
+                                args={**self.context, **args}))
+        return self.events[-1]
 
     @contextlib.contextmanager
     def span(self, name: str, cat: str = "compute", **args):
         """A span around the `with` block; it yields its args, to add what is known only at
-        the end (the micro-batches a pipeline action left in flight)."""
-        outer, self.context, start = self.context, {**self.context, **args}, now()
+        the end (the micro-batches a pipeline action left in flight). Events noted inside
+        the block carry its args too."""
+        start = now()
         try:
-            yield args
+            with self.extended("context", args):
+                yield args
         finally:
-            self.context = outer
             if cat == "compute":
                 args.update({k: probe() for k, probe in self.probes.items()})
             self.add(name, cat, start, now(), **args)
+
+    @contextlib.contextmanager
+    def extended(self, what: str, items: dict):
+        """The dict `what` ("context" or "probes") holds `items` too while the block runs."""
+        outer = getattr(self, what)
+        setattr(self, what, {**outer, **items})
+        try:
+            yield
+        finally:
+            setattr(self, what, outer)
 
 
 RECORDER: Recorder | None = None
@@ -82,36 +92,18 @@ def span(name: str, cat: str = "compute", **args):
     return RECORDER.span(name, cat, **args) if RECORDER else contextlib.nullcontext(args)
 
 
-@contextlib.contextmanager
 def inside(**context):
-    """`with events.inside(bucket=3):` events noted in the block carry this context."""
-    rec = RECORDER
-    if rec is None:
-        yield
-        return
-    outer, rec.context = rec.context, {**rec.context, **context}
-    try:
-        yield
-    finally:
-        rec.context = outer
+    """`with events.inside(bucket=3):` events noted in the block carry this context (nothing
+    happens with no recorder)."""
+    return RECORDER.extended("context", context) if RECORDER else contextlib.nullcontext()
 
 
-@contextlib.contextmanager
 def probe(name: str, read):
     """While the block runs, every compute span records `name` = read() at its end."""
-    if RECORDER is None:
-        yield
-        return
-    rec = RECORDER
-    rec.probes[name] = read
-    try:
-        yield
-    finally:
-        rec.probes.pop(name, None)
+    return RECORDER.extended("probes", {name: read}) if RECORDER else contextlib.nullcontext()
 
 
-def collective(axis: str, op: str, group, payload: int, wire: int, start: int, work=None,
-               **args):
+def collective(axis: str, op: str, group, payload: int, wire: int, start: int, work=None, **args):
     """`comm`'s note of one collective over the global ranks `group`, posted at `start`. A
     blocking one ends now; an asynchronous one (`work`) ends when it completes: its future's
     callback, or else the wait that finds it done."""
@@ -122,16 +114,9 @@ def collective(axis: str, op: str, group, payload: int, wire: int, start: int, w
                          blocking=work is None, id=len(RECORDER.events), **args)
     if work is not None:
         RECORDER.in_flight.setdefault(id(work), []).append(event)
-        future = _future(work)
-        if future is not None:      # told the moment it completes, before anyone waits
-            future.add_done_callback(lambda _: _ended(event, now()))
-
-
-def _future(work):
-    try:
-        return work.get_future()
-    except (AttributeError, RuntimeError):     # gloo's reduce-scatter gives none
-        return None
+        # told the moment it completes, before anyone waits (gloo's reduce-scatter has no future)
+        with contextlib.suppress(AttributeError, RuntimeError):
+            work.get_future().add_done_callback(lambda _: _ended(event, now()))
 
 
 def _ended(event: dict, t: int):
@@ -143,13 +128,11 @@ def waiting(works):
     """Around a `Handle.wait()`: a wait span, and the end of what it waited for."""
     rec = RECORDER
     mine = [e for w in works for e in rec.in_flight.pop(id(w), [])] if rec else []
-    if not mine:
-        yield
-        return
     start = now()
     yield
     end = now()
     for event in mine:
         _ended(event, end)
-    rec.add("wait " + ", ".join(sorted({e["name"] for e in mine})), "wait", start, end,
-            ids=[e["args"]["id"] for e in mine])
+    if mine:
+        rec.add("wait " + ", ".join(sorted({e["name"] for e in mine})), "wait", start, end,
+                ids=[e["args"]["id"] for e in mine])

@@ -45,10 +45,18 @@ def param_count(model: ModelConfig, embeddings: bool = True) -> int:
     """
     table = model.vocab_size * model.dim
     head = 0 if model.tie_embeddings else table
-    total = model.n_layers * layer_param_count(model) + model.dim + head  # + final norm
-    if embeddings or model.tie_embeddings:
-        total += table
-    return total
+    inputs = table if embeddings or model.tie_embeddings else 0
+    return model.n_layers * layer_param_count(model) + model.dim + head + inputs  # + final norm
+
+
+def local_param_count(model: ModelConfig, tp: int, layers: int, first: bool, last: bool) -> int:
+    """Parameters one GPU holds: `layers` blocks sharded over tp (norm gains replicated), plus
+    the vocab-parallel embedding on the first stage, the final norm and head on the last."""
+    h = model.dim
+    block = (layer_param_count(model) - 2 * h) // tp + 2 * h
+    table = model.vocab_size * h // tp
+    norm_and_head = h + (0 if model.tie_embeddings and first else table)
+    return layers * block + (table if first else 0) + (norm_and_head if last else 0)
 
 
 # ------------------------------------------------------------------ FLOPs
@@ -77,11 +85,9 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, recompute: str =
     if recompute not in RECOMPUTE_MODES:
         raise ConfigError(unknown("--recompute", recompute, RECOMPUTE_MODES))
     attention_forward = attention_flops_per_token(model, seq_len) / 3
-    if recompute == "none":
-        return 0.0
-    if recompute == "selective":
-        return attention_forward
-    return dense_flops_per_token(model) / 3 + attention_forward
+    redone = {"none": 0.0, "selective": attention_forward,
+              "full": dense_flops_per_token(model) / 3 + attention_forward}
+    return redone[recompute]
 
 
 def hardware_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = "none") -> float:
@@ -92,10 +98,9 @@ def hardware_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = 
 def mfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float | None,
         n_devices: int = 1) -> float | None:
     """Model FLOPs utilisation of `n_devices` together processing `tokens_per_s` tokens per
-    second, each device able to do `peak_flops` FLOP/s. None when the peak is unknown."""
-    if not peak_flops:
-        return None
-    return tokens_per_s * flops_per_token(model, seq_len) / (peak_flops * n_devices)
+    second, each device able to do `peak_flops` FLOP/s. None when the peak is unknown.
+    (It is `hfu` without recomputation: then model and hardware FLOPs are the same.)"""
+    return hfu(tokens_per_s, model, seq_len, peak_flops, n_devices)
 
 
 def hfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float | None,

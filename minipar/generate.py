@@ -8,7 +8,9 @@ Chapter "Real models in and out".
 A decoder writes by repeating one step: run the tokens so far, take the logits of the last
 position, pick a token, append it. Run naively, step t recomputes all t positions. With a
 `KVCache` the keys and values of earlier positions are kept, so a step runs only the new
-token (`model.py`): the prompt once ("prefill"), then one position per token ("decode").
+token: the prompt once ("prefill"), then one position per token ("decode"). The cache is
+each layer's attention core while generating (`Attention.core`, the seam context
+parallelism swaps too), so the reference model knows nothing of it.
 
 Picking: `--temperature 0` is greedy (the most likely token, what `transformers`' `generate`
 does without sampling: the tests check they agree token for token); otherwise softmax(logits
@@ -24,15 +26,69 @@ import sys
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from .cli import Parser
 from .config import ConfigError
 from .export import checkpoint_state
-from .hf import CONFIG, load_model, tokenizer_file
-from .model import KVCache, Transformer, hf_name
+from .hf import CONFIG, hf_name, load_hf_state_dict, load_model, tokenizer_file
+from .model import Transformer
 
 PROG = "python -m minipar.generate"
+
+
+# ---------------------------------------------------------------- the KV cache
+def cached_attention(q, k, v):
+    """Attention of the s newest positions (q) over all t positions so far (k, v), when
+    decoding with a `KVCache`: query i sits at position t - s + i and sees keys up to it."""
+    s, t = q.shape[1], k.shape[1]
+    mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(diagonal=t - s)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+class LayerCache:
+    """One layer's keys and values of every position seen so far, [b, t, kv_heads, d]. It
+    is the layer's attention core while generating: it appends the new positions' keys and
+    values, then attends over all of them."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __call__(self, q, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+        return cached_attention(q, self.k, self.v)
+
+
+class KVCache:
+    """Generation's memory: each layer's keys and values of the tokens so far. With it, one
+    more token costs one position's projections and one row of attention, not a forward
+    pass over the whole prefix again. Training never uses it (it sees all positions at once).
+
+    `with KVCache(model) as cache:` makes each layer's `LayerCache` its attention core;
+    `cache(tokens)` runs the tokens that follow the `cache.length` cached ones."""
+
+    def __init__(self, model: Transformer):
+        self.model, self.length = model, 0      # the next token's position
+        self.layers = {i: LayerCache() for i in model.layers}
+
+    def __enter__(self):
+        self.cores = {i: b.self_attn.core for i, b in self.model.layers.items()}
+        for i, block in self.model.layers.items():
+            block.self_attn.core = self.layers[i]
+        return self
+
+    def __exit__(self, *exc):
+        for i, block in self.model.layers.items():
+            block.self_attn.core = self.cores[i]
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(self.length, self.length + tokens.shape[1])
+        self.length += tokens.shape[1]
+        return self.model(tokens, positions)
 
 
 # ---------------------------------------------------------------- choosing a token
@@ -55,14 +111,14 @@ def generate(model: Transformer, prompt: list[int], max_new_tokens: int,
     """Yield each new token as soon as it is chosen (so that the caller can stream it);
     end early after a token of `stop` (the model's end-of-sequence ids)."""
     generator = torch.Generator().manual_seed(seed)
-    cache = KVCache()
     tokens = torch.tensor([prompt])              # prefill: the whole prompt once
-    for _ in range(max_new_tokens):
-        logits = model(tokens, cache=cache)[:, -1]
-        tokens = pick(logits, temperature, top_k, generator)[:, None]   # decode: one position
-        yield int(tokens)
-        if int(tokens) in stop:
-            return
+    with KVCache(model) as cache:
+        for _ in range(max_new_tokens):
+            logits = cache(tokens)[:, -1]
+            tokens = pick(logits, temperature, top_k, generator)[:, None]   # decode: one position
+            yield int(tokens)
+            if int(tokens) in stop:
+                return
 
 
 # ---------------------------------------------------------------- text <-> tokens
@@ -107,7 +163,7 @@ def load(init_hf: str | None, resume: str | None, tokenizer: str | None):
         return model, Codec(tokenizer or tokenizer_file(init_hf)), stop
     mcfg, state, manifest = checkpoint_state(resume)
     model = Transformer(mcfg, seed=None)
-    model.load_hf_state_dict({hf_name(k): v for k, v in state.items()})
+    load_hf_state_dict(model, {hf_name(k): v for k, v in state.items()})
     # a run started from --init-hf DIR trained on DIR's tokens
     tokenizer = tokenizer or tokenizer_file(manifest.get("train", {}).get("init_hf"))
     return model, Codec(tokenizer), frozenset()
@@ -150,6 +206,10 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     model.eval()
+    n = sum(p.numel() for p in model.parameters())
+    if n < 100e6:      # say why before the reader wonders (stdout stays the text alone)
+        print(f"{PROG}: note: a {n / 1e6:.1f}M-parameter model writes gibberish; fluent text "
+              "takes billions of parameters and tokens; this shows the mechanics", file=sys.stderr)
     print(args.prompt, end="", flush=True)
     ids = generate(model, codec.encode(args.prompt), args.max_new_tokens, args.temperature,
                    args.top_k, args.seed, stop)

@@ -35,13 +35,14 @@ class ProcessGrid:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank = rank
-        self.axes: dict[str, Axis] = {}
-        for name in (*AXES, "dp_cp"):
-            ranks = self.group_ranks(name, rank)
-            # gradients reduced over dp x cp are data-parallel traffic: logged as "dp"
-            self.axes[name] = Axis(name, ranks, ranks.index(rank), log_as="dp" if name == "dp_cp" else "")
+        groups = {name: self.group_ranks(name, rank) for name in (*AXES, "dp_cp")}
         # the whole world, for the few scalars every rank must agree on (loss, grad norm)
-        self.axes["world"] = Axis("world", tuple(range(self.world_size)), rank)
+        groups["world"] = tuple(range(self.world_size))
+        # gradients reduced over dp x cp are data-parallel traffic: logged as "dp"
+        self.axes = {name: Axis(name, g, g.index(rank), log_as="dp" if name == "dp_cp" else "")
+                     for name, g in groups.items()}
+        # grid.tp, grid.cp, grid.pp, grid.dp, grid.dp_cp, grid.world: this rank's Axis of each
+        vars(self).update(self.axes)
 
     # -- pure layout -------------------------------------------------------------------
     def coords(self, rank: int) -> dict[str, int]:
@@ -53,11 +54,9 @@ class ProcessGrid:
         return out
 
     def rank_of(self, tp: int = 0, cp: int = 0, pp: int = 0, dp: int = 0) -> int:
-        c = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
-        r = 0
-        for a in reversed(AXES):
-            r = r * self.sizes[a] + c[a]
-        return r
+        """The rank at these coordinates (`coords` undone): ((dp p + pp) c + cp) t + tp."""
+        s = self.sizes
+        return ((dp * s["pp"] + pp) * s["cp"] + cp) * s["tp"] + tp
 
     def group_ranks(self, name: str, rank: int) -> tuple[int, ...]:
         """Ranks sharing every coordinate with `rank` except those of axis `name`.
@@ -67,12 +66,9 @@ class ProcessGrid:
         """
         free = ("dp", "cp") if name == "dp_cp" else (name,)
         c = self.coords(rank)
-        members = []
-        # iterate DP outermost so that the group is listed in (dp, cp) order
-        for vals in itertools.product(*(range(self.sizes[a]) for a in reversed(free))):
-            cc = dict(c, **dict(zip(reversed(free), vals)))
-            members.append(self.rank_of(**cc))
-        return tuple(sorted(members))
+        # every value of the free coordinates, the others kept as they are
+        return tuple(sorted(self.rank_of(**{**c, **dict(zip(free, vals))})
+                            for vals in itertools.product(*(range(self.sizes[a]) for a in free))))
 
     def all_groups(self, name: str) -> list[tuple[int, ...]]:
         """Every group of axis `name`, each once, ordered by its lowest rank."""
@@ -80,9 +76,8 @@ class ProcessGrid:
 
     def describe(self) -> str:
         """Which ranks share each group, as a table a reader can check against a figure."""
-        s = self.sizes
-        lines = [f"world of {self.world_size} ranks: tp={s['tp']} cp={s['cp']} pp={s['pp']} dp={s['dp']}"
-                 " (order [TP, CP, PP, DP], TP innermost)"]
+        dims = " ".join(f"{a}={self.sizes[a]}" for a in AXES)
+        lines = [f"world of {self.world_size} ranks: {dims} (order [TP, CP, PP, DP], TP innermost)"]
         for name in (*AXES, "dp_cp"):
             groups = self.all_groups(name)
             shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:8])
@@ -91,13 +86,6 @@ class ProcessGrid:
         return "\n".join(lines)
 
     # -- this rank ---------------------------------------------------------------------
-    def __getattr__(self, name):
-        # grid.tp, grid.cp, grid.pp, grid.dp, grid.dp_cp, grid.world -> Axis
-        axes = self.__dict__.get("axes", {})
-        if name in axes:
-            return axes[name]
-        raise AttributeError(name)
-
     def counts(self, p, replicated_over_dp: bool) -> bool:
         """Does this rank's copy of `p` count (in the gradient norm, in a checkpoint)?
         Copies along an axis (`mark_replica`; dp x cp too when every data-parallel rank
@@ -105,14 +93,6 @@ class ProcessGrid:
         on each axis the tensor is copied along."""
         axes = (*getattr(p, "_replica_axes", ()), *(("dp_cp",) if replicated_over_dp else ()))
         return all(self.axes[a].rank == 0 for a in axes)
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp.rank == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp.rank == self.pp.size - 1
 
     def init_groups(self, backend: str | None = None) -> "ProcessGrid":
         """Create one process group per axis. Collective: every rank calls it, in the same order.

@@ -19,10 +19,14 @@ no rank ever holds the whole model. (Here the slices are copied into a model tha
 
 Going out (`save_pretrained`), the full tensors are written under Hugging Face's names with a
 `config.json` that `LlamaForCausalLM.from_pretrained` reads; the directory is written
-under a temporary name and renamed into place, like a checkpoint.
+under a temporary name and renamed into place, like a checkpoint. `--export-hf DIR` does it
+at the end of a run (`export_run`): the ranks' slices are gathered to rank 0 and put back
+together as a checkpoint's are (`checkpoint.full_state`); `python -m minipar.export`
+(`export.py`) reads them from a checkpoint's files instead.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -30,72 +34,69 @@ import os
 import shutil
 
 import torch
+import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from .checkpoint import named_params, replace_dir
+from . import comm
+from .checkpoint import ADAM, full_state, named_params, replace_dir, shard_entries
 from .config import ConfigError, ModelConfig, TrainConfig
-from .model import Transformer, hf_name
-from .parallel.data import Shard
+from .model import Transformer
 
 WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 IGNORED = ("rotary_emb.inv_freq",)     # a buffer older transformers saved: computed, not learned
 
 
+def hf_name(name: str) -> str:
+    """minipar's name of a weight -> Hugging Face's: `LlamaForCausalLM` keeps everything but
+    the head under `model.` (the reference model's module names are Hugging Face's)."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
 # ================================================================ config.json <-> ModelConfig
 # The config.json fields that must be present, and the values minipar's Llama implements of
-# those that change the architecture. Anything else is another model.
+# those that change the architecture (silu: SwiGLU's gate; no dropout). Anything else is
+# another model.
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
             "vocab_size")
-SUPPORTED = {
-    "model_type": ("llama",),
-    "hidden_act": ("silu",),                # SwiGLU's gate
-    "attention_bias": (False,),
-    "mlp_bias": (False,),
-    "attention_dropout": (0, 0.0),          # minipar has no dropout
-}
-LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
-                    "original_max_position_embeddings")
+SUPPORTED = {"architectures": (["LlamaForCausalLM"], None, []), "model_type": ("llama",),
+             "hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,),
+             "attention_dropout": (0, 0.0)}
+# ModelConfig's fields under config.json's names, and the values taken where a config.json
+# leaves one out (num_key_value_heads: one per query head, plain multi-head attention)
+HF_NAMES = {"n_layers": "num_hidden_layers", "dim": "hidden_size",
+            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
+            "ffn_dim": "intermediate_size", "vocab_size": "vocab_size",
+            "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
+            "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
+HF_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+# Llama 3.1's RoPE scaling: ModelConfig's fields under the names of its `rope_scaling`
+LLAMA3_ROPE = {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",
+               "rope_high_freq_factor": "high_freq_factor",
+               "rope_original_max_len": "original_max_position_embeddings"}
 
 
 def rope_parameters(hf: dict) -> dict:
     """The rotary embedding's parameters: transformers 5's `rope_parameters`, or the older
-    top-level `rope_theta` and `rope_scaling`."""
-    rope = dict(hf.get("rope_parameters") or {})
-    if hf.get("rope_scaling"):
-        rope = {**hf["rope_scaling"], **rope}
-    if "rope_theta" in hf and "rope_theta" not in rope:
-        rope["rope_theta"] = hf["rope_theta"]
-    return rope
-
-
-def llama3_rope_fields(rope: dict) -> dict:
-    """ModelConfig's fields for Llama 3.1's RoPE scaling, from Hugging Face's parameters."""
-    if rope.get("rope_type", rope.get("type")) != "llama3":
-        return {}
-    return dict(rope_factor=float(rope["factor"]),
-                rope_low_freq_factor=float(rope["low_freq_factor"]),
-                rope_high_freq_factor=float(rope["high_freq_factor"]),
-                rope_original_max_len=int(rope["original_max_position_embeddings"]))
+    top-level `rope_theta` and `rope_scaling`; with its `rope_type` ("default": plain RoPE)
+    and `rope_theta` always there."""
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    return {"rope_theta": hf.get("rope_theta", 10000.0), "rope_type": rope.get("type", "default"),
+            **rope}
 
 
 def config_problems(hf: dict) -> list[str]:
     """Each field of a Hugging Face Llama config that this model does not implement."""
     out = [f"missing field {k!r}" for k in REQUIRED if k not in hf]
-    for key, allowed in SUPPORTED.items():
-        if key in hf and hf[key] not in allowed:
-            out.append(f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})")
-    arch = hf.get("architectures")
-    if arch and arch != ["LlamaForCausalLM"]:
-        out.append(f"architectures={arch} is not supported (only LlamaForCausalLM)")
+    out += [f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})"
+            for key, allowed in SUPPORTED.items() if key in hf and hf[key] not in allowed]
     rope = rope_parameters(hf)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        out.append(f"rope_scaling: rope_type={rope_type!r} is not supported (plain RoPE, or "
-                   "Llama 3.1's 'llama3')")
-    elif rope_type == "llama3":
-        out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE_KEYS
+    if rope["rope_type"] not in ("default", "llama3"):
+        out.append(f"rope_scaling: rope_type={rope['rope_type']!r} is not supported (plain RoPE, "
+                   "or Llama 3.1's 'llama3')")
+    elif rope["rope_type"] == "llama3":
+        out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE.values()
                 if k not in rope]
     if "hidden_size" in hf and "num_attention_heads" in hf:
         head_dim = hf["hidden_size"] // hf["num_attention_heads"]
@@ -112,15 +113,14 @@ def model_config(hf: dict, source: str = "config.json") -> ModelConfig:
     out = config_problems(hf)
     if out:
         raise ConfigError(f"{source}: {'; '.join(out)}")
-    heads, rope = hf["num_attention_heads"], rope_parameters(hf)
-    return ModelConfig(
-        n_layers=hf["num_hidden_layers"], dim=hf["hidden_size"], n_heads=heads,
-        n_kv_heads=hf.get("num_key_value_heads") or heads, ffn_dim=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", 10000.0)), **llama3_rope_fields(rope),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        name=hf.get("_name_or_path") or "hf")
+    rope = rope_parameters(hf)
+    given = {**HF_DEFAULTS, "num_key_value_heads": hf["num_attention_heads"],
+             **{k: v for k, v in hf.items() if v is not None},
+             "rope_theta": float(rope["rope_theta"])}
+    scaled = LLAMA3_ROPE if rope["rope_type"] == "llama3" else {}
+    return ModelConfig(**{ours: given[theirs] for ours, theirs in HF_NAMES.items()},
+                       **{ours: rope[theirs] for ours, theirs in scaled.items()},
+                       name=hf.get("_name_or_path") or "hf")
 
 
 def read_config(path: str) -> ModelConfig:
@@ -147,26 +147,19 @@ def with_model(cfg: TrainConfig) -> TrainConfig:
 def to_hf(mcfg: ModelConfig) -> dict:
     """The inverse of `model_config`: config.json, which `LlamaForCausalLM.from_pretrained`
     reads and `transformers.LlamaConfig(**d)` accepts."""
-    return dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", torch_dtype="float32",
-        num_hidden_layers=mcfg.n_layers, hidden_size=mcfg.dim,
-        num_attention_heads=mcfg.n_heads, num_key_value_heads=mcfg.n_kv_heads,
-        intermediate_size=mcfg.ffn_dim, vocab_size=mcfg.vocab_size,
-        max_position_embeddings=mcfg.max_seq_len, rope_theta=mcfg.rope_theta,
-        rms_norm_eps=mcfg.norm_eps, tie_word_embeddings=mcfg.tie_embeddings,
-        hidden_act="silu", attention_bias=False, mlp_bias=False,
-        rope_scaling=None if mcfg.llama3_rope is None else dict(
-            rope_type="llama3", factor=mcfg.rope_factor,
-            low_freq_factor=mcfg.rope_low_freq_factor,
-            high_freq_factor=mcfg.rope_high_freq_factor,
-            original_max_position_embeddings=mcfg.rope_original_max_len),
-    )
+    scaling = {"rope_type": "llama3", **{theirs: getattr(mcfg, ours)
+                                         for ours, theirs in LLAMA3_ROPE.items()}}
+    return {"torch_dtype": "float32",
+            **{key: allowed[0] for key, allowed in SUPPORTED.items()},
+            **{theirs: getattr(mcfg, ours) for ours, theirs in HF_NAMES.items()},
+            "rope_scaling": None if mcfg.llama3_rope is None else scaling}
 
 
 # ================================================================ reading: where and what
 def weight_files(path: str) -> dict[str, str]:
-    """Tensor name -> the file that holds it: the index's `weight_map`, or every tensor of
-    the single `model.safetensors`. A file the index names must exist."""
+    """Weight name -> the file that holds it: the index's `weight_map`, or every tensor of
+    the single `model.safetensors` (a computed buffer, `IGNORED`, is no weight). A file the
+    index names must exist."""
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
         try:
@@ -177,12 +170,13 @@ def weight_files(path: str) -> dict[str, str]:
         for file in sorted(set(weight_map.values())):
             if not os.path.isfile(os.path.join(path, file)):
                 raise ConfigError(f"--init-hf {path}: {file} is named by {INDEX} but absent")
-        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+        return {name: os.path.join(path, file) for name, file in weight_map.items()
+                if not name.endswith(IGNORED)}
     single = os.path.join(path, WEIGHTS)
     if not os.path.isfile(single):
         raise ConfigError(f"--init-hf {path}: neither {WEIGHTS} nor {INDEX} in the directory")
     with _open(single) as f:
-        return {name: single for name in f.keys()}
+        return {name: single for name in f.keys() if not name.endswith(IGNORED)}
 
 
 def _open(file: str):
@@ -192,51 +186,37 @@ def _open(file: str):
         raise ConfigError(f"--init-hf {file}: not a readable safetensors file ({e})") from None
 
 
-def expected_shapes(mcfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight of this model under its Hugging Face name, with its shape (the model
-    is built on the meta device: shapes, no memory)."""
-    with torch.device("meta"):
-        model = Transformer(mcfg, seed=None)
-    return {hf_name(k): tuple(v.shape) for k, v in model.state_dict().items()}
-
-
 def check_dir(path: str, mcfg: ModelConfig) -> None:
     """Before any rank starts: every tensor the model needs is in a file, with the shape
     config.json implies, and no file holds a weight this model would ignore (a bias, say).
     Reads the files' headers only."""
     files = weight_files(path)
-    want = expected_shapes(mcfg)
-    if mcfg.tie_embeddings:         # the head is the embedding; a copy of it may be saved
-        want.pop("lm_head.weight")
-    for name, shape in want.items():
-        if name not in files:
+    with torch.device("meta"):      # every weight's shape, under its Hugging Face name; no memory
+        want = {hf_name(k): tuple(v.shape)
+                for k, v in Transformer(mcfg, seed=None).state_dict().items()}
+    # a tied head is the embedding: a copy of it may be saved (of the embedding's shape)
+    optional = {"lm_head.weight"} if mcfg.tie_embeddings else set()
+    for name in want:
+        if name not in files and name not in optional:
             raise ConfigError(f"--init-hf {path}: tensor {name} is in no file")
-    by_file: dict[str, list[str]] = {}
-    for name, file in files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with _open(file) as f:
-            present = set(f.keys())
-            for name in names:
-                _check_tensor(f, file, name, present, want, mcfg)
+    with contextlib.ExitStack() as stack:
+        opened = _open_all(stack, files.values())
+        for name, file in files.items():
+            if name not in opened[file].keys():
+                raise ConfigError(f"--init-hf {file}: tensor {name} is listed in the index but "
+                                  "not in the file")
+            if name not in want:
+                raise ConfigError(f"--init-hf {file}: tensor {name} is not a weight of this "
+                                  "Llama (biases and other extras are not supported)")
+            shape = tuple(opened[file].get_slice(name).get_shape())
+            if shape != want[name]:
+                raise ConfigError(f"--init-hf {file}: tensor {name} has shape {list(shape)}, "
+                                  f"config.json implies {list(want[name])}")
 
 
-def _check_tensor(f, file: str, name: str, present: set, want: dict, mcfg: ModelConfig):
-    if name.endswith(IGNORED):
-        return
-    if name not in present:
-        raise ConfigError(f"--init-hf {file}: tensor {name} is listed in the index but not in the file")
-    shape = tuple(f.get_slice(name).get_shape())
-    if name == "lm_head.weight" and mcfg.tie_embeddings:
-        expected = want["model.embed_tokens.weight"]
-    elif name not in want:
-        raise ConfigError(f"--init-hf {file}: tensor {name} is not a weight of this Llama "
-                          "(biases and other extras are not supported)")
-    else:
-        expected = want[name]
-    if shape != expected:
-        raise ConfigError(f"--init-hf {file}: tensor {name} has shape {list(shape)}, "
-                          f"config.json implies {list(expected)}")
+def _open_all(stack: contextlib.ExitStack, files) -> dict:
+    """Each of `files` opened (its header read), closed with `stack`."""
+    return {file: stack.enter_context(_open(file)) for file in sorted(set(files))}
 
 
 # ================================================================ reading: a rank's slices
@@ -256,24 +236,15 @@ def read_piece(sl, local_shape, tp_dim: int | None, tp_rank: int, tp_size: int,
     return sl[tuple(index)].reshape(-1)[start - lo * row:stop - lo * row]
 
 
-def whole(p: torch.nn.Parameter) -> Shard:
-    """A rank that holds all of `p` (no ZeRO): the `shard_of` of the single device."""
-    return Shard(p.shape, 0, p.numel(), p.data.view(-1), p)
-
-
 @torch.no_grad()
-def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of=whole,
-                 tp_rank: int = 0, tp_size: int = 1) -> None:
+def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, tp_rank: int, tp_size: int):
     """Copy the directory's weights into what this rank holds of `chunks`: for each
     parameter, its tensor-parallel part (`_tp_dim`, set by `tensor.shard_param`) and of that
     its `shard_of(p)` (all of it, or its ZeRO piece), read from the file by slice."""
-    files = weight_files(path)
-    handles = {}
-    try:
-        for name, p in named_params(chunks, mcfg):
-            file = files[hf_name(name)]
-            if file not in handles:
-                handles[file] = _open(file).__enter__()
+    files, params = weight_files(path), named_params(chunks, mcfg)
+    with contextlib.ExitStack() as stack:
+        opened = _open_all(stack, [files[hf_name(name)] for name, _ in params])
+        for name, p in params:
             shard = shard_of(p)
             # whole here (plain DP; ZeRO-1/2's pieces are views of it), or ZeRO-3's piece,
             # the only copy, which may be empty
@@ -281,23 +252,30 @@ def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of=whole,
             start, stop = (0, p.numel()) if held else (shard.start, shard.stop)
             if start == stop:
                 continue
-            tp_dim = getattr(p, "_tp_dim", None)
-            tp = (tp_rank, tp_size) if tp_dim is not None else (0, 1)
-            piece = read_piece(handles[file].get_slice(hf_name(name)), shard.shape, tp_dim,
-                               *tp, start, stop)
+            stored = opened[files[hf_name(name)]].get_slice(hf_name(name))
+            piece = read_piece(stored, shard.shape, getattr(p, "_tp_dim", None), tp_rank,
+                               tp_size, start, stop)
             (p.data.view(-1) if held else shard.data).copy_(piece)
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
 
 
 def load_model(path: str) -> Transformer:
-    """The single-device model of a Hugging Face directory (generation, tests)."""
+    """The single-device model of a Hugging Face directory (generation, tests): every
+    tensor of every file, checked first."""
     mcfg = read_config(path)
     check_dir(path, mcfg)
     model = Transformer(mcfg, seed=None)
-    load_weights(path, [model], mcfg)
+    load_hf_state_dict(model, {name: t for file in set(weight_files(path).values())
+                               for name, t in load_file(file).items()})
     return model
+
+
+def load_hf_state_dict(model: Transformer, sd: dict[str, torch.Tensor]):
+    """Load a state dict under Hugging Face names into `model` (only the layers it holds);
+    a tied head saved once, as the embedding, is filled from it."""
+    ours = {name: sd[hf_name(name)] for name in model.state_dict() if hf_name(name) in sd}
+    if model.cfg.tie_embeddings and "lm_head.weight" not in ours and "embed_tokens.weight" in ours:
+        ours["lm_head.weight"] = ours["embed_tokens.weight"]
+    return model.load_state_dict(ours)
 
 
 def tokenizer_file(path: str | None) -> str | None:
@@ -312,9 +290,9 @@ def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
     """Write `state` (full tensors under minipar's names) as a Hugging Face directory:
     config.json, model.safetensors and, from `tokenizer_dir`, its tokenizer files.
     Atomic: written into `out.tmp`, then renamed to `out` (an older `out` is replaced)."""
-    tensors = {hf_name(k): v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
-    if mcfg.tie_embeddings:       # one tensor, stored once, as transformers does
-        tensors.pop("lm_head.weight", None)
+    # a tied head is the embedding: one tensor, stored once, as transformers does
+    tensors = {hf_name(k): v.detach().to("cpu", torch.float32).contiguous()
+               for k, v in state.items() if not (mcfg.tie_embeddings and k == "lm_head.weight")}
     out = os.path.normpath(out)
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -327,3 +305,19 @@ def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
             shutil.copy(os.path.join(tokenizer_dir, name), tmp)
     replace_dir(tmp, out)
     return out
+
+
+def export_run(out: str, chunks, dp, optimizer, grid, mcfg: ModelConfig,
+               tokenizer_dir: str | None = None) -> None:
+    """`--export-hf DIR` at the end of a run. Collective: every rank sends its slices (the
+    parameters only, not AdamW's state) to rank 0, which puts the full tensors back
+    together and writes the directory."""
+    mine = [{k: v for k, v in e.items() if k not in ADAM}
+            for e in shard_entries(chunks, dp, optimizer, grid, mcfg)]
+    received = [None] * grid.world_size if grid.rank == 0 else None
+    with comm.paused():
+        dist.gather_object(mine, received, dst=0)
+        if grid.rank == 0:
+            state = full_state([e for entries in received for e in entries])
+            save_pretrained(state, mcfg, out, tokenizer_dir)
+        dist.barrier()          # nobody reports the run done before the directory exists

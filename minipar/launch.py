@@ -24,9 +24,9 @@ have not stopped within the grace period (or at a second signal) are killed. Not
 behind either way. Under torchrun the agent passes the signals on; `python -m
 minipar.torchrun` is torchrun whose agent then ends with the same one line.
 """
-from __future__ import annotations
-
+import contextlib
 import datetime
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -40,7 +40,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from .heartbeat import Heartbeat, LauncherWatch, SharedBoard, StoreHeartbeat, timed_out
+from .heartbeat import Heartbeat, LauncherWatch, StoreHeartbeat, timed_out
 
 
 class RankFailed(RuntimeError):
@@ -62,30 +62,25 @@ class Stopped(RuntimeError):
         self.signum = signum
 
 
-# ---------------------------------------------------------------- signals, in a rank
+# ---------------------------------------------------------------- signals
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_stop_signal = 0      # the signal this rank was asked to stop by (0: none)
+_signals: list[int] = []      # the stop signals this process got, in the order they came
 
 
 def stop_requested() -> int:
     """The signal that asked this rank to stop, or 0. The loop all-reduces it (MAX) at each
     step boundary: a signal that reaches one rank stops all of them at the same step."""
-    return _stop_signal
+    return _signals[0] if _signals else 0
 
 
-def _note_stop(signum, frame):
-    global _stop_signal
-    _stop_signal = _stop_signal or signum
-
-
-def handle_stop_signals() -> None:
-    """In a rank: SIGTERM and SIGINT raise the flag instead of killing the process (no
-    KeyboardInterrupt traceback from inside a collective)."""
-    global _stop_signal
-    _stop_signal = 0
-    if threading.current_thread() is threading.main_thread():
-        for s in STOP_SIGNALS:
-            signal.signal(s, _note_stop)
+def handle_stop_signals() -> dict:
+    """SIGTERM and SIGINT are noted instead of killing the process: in a rank they raise the
+    flag (no KeyboardInterrupt traceback from inside a collective); in the launcher
+    `_collect` passes them on to the ranks. Returns the handlers they replace."""
+    _signals.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return {}        # only the main thread may set handlers
+    return {s: signal.signal(s, lambda signum, _: _signals.append(signum)) for s in STOP_SIGNALS}
 
 
 # ---------------------------------------------------------------- where we run
@@ -107,22 +102,21 @@ def device() -> torch.device:
 
 def free_port() -> int:
     """A port the OS says is free now, so that concurrent runs do not collide."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]
 
 
 def _init(rank, world_size, backend, timeout_s, init_method="env://"):
+    """Join the world, through `init_method` (env://: the one torchrun describes)."""
     if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
 # ---------------------------------------------------------------- local ranks
 def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
-              start_method: str | None = None, stop_grace_s: float = 30.0, **kwargs) -> list:
+              stop_grace_s: float = 30.0, **kwargs) -> list:
     """Run `fn(*args, **kwargs)` on `world_size` fresh local ranks; return results by rank.
 
     Raises `RankFailed` naming the first rank that raised, exited or hung, after stopping
@@ -131,40 +125,43 @@ def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s:
     """
     backend = backend or default_backend()
     # CUDA cannot be used in a forked child once the parent touched it: spawn for NCCL.
-    method = start_method or ("spawn" if backend == "nccl" else "fork")
-    ctx = mp.get_context(method)
-    if method == "fork":
+    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
+    if ctx.get_start_method() == "fork":
         # torch.optim's constructors import torch._dynamo lazily: seconds per process. Done
         # once here, every forked rank inherits it instead of importing it on its own.
         import torch._dynamo  # noqa: F401
-    results, board, port = ctx.Queue(), SharedBoard(ctx, world_size), free_port()
-    procs = [ctx.Process(target=_worker, daemon=True, args=(
-        r, world_size, backend, timeout_s, port, fn, args, kwargs, results, board))
-        for r in range(world_size)]
-    watch = None
-    with _Signals(procs, stop_grace_s) as signals:
-        try:
-            for p in procs:
-                p.start()
-            watch = LauncherWatch(procs, board, timeout_s)
-            return _collect(procs, results, watch, signals)
-        finally:
-            if watch:
-                watch.stop()
-            for p in procs:          # no rank outlives its launcher
-                if p.is_alive():
-                    p.kill()
+    # the ranks' heartbeat counters: shared memory, made before the fork, that they write
+    # and the launcher reads
+    results, counts, port = ctx.Queue(), ctx.Array("q", world_size, lock=False), free_port()
+    job = (world_size, backend, timeout_s, port, fn, args, kwargs, results, counts)
+    procs = [ctx.Process(target=_worker, args=(r, *job), daemon=True) for r in range(world_size)]
+    old, watch = handle_stop_signals(), None
+    try:
+        for p in procs:
+            p.start()
+        watch = LauncherWatch(procs, counts, timeout_s)
+        return _collect(procs, results, watch, stop_grace_s)
+    finally:
+        if watch:
+            watch.stop()
+        for p in procs:          # no rank outlives its launcher
+            if p.pid is not None:    # started (kill() passes over one that has ended)
+                p.kill()
                 p.join(timeout=10)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
-def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, results, board):
+def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, results, counts):
+    """One forked rank: beat, join the world, run `fn`, and report to the launcher its
+    result, or its error and whether that error was a wait that timed out."""
     handle_stop_signals()      # the parent's handlers came with the fork: replace them
     # A forked child inherits the parent's OpenMP state; with more than one thread it can
     # hang on it. Two cores shared by N ranks want one thread each anyway.
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    Heartbeat(rank, board)     # beats until this process ends; the launcher watches
+    Heartbeat(rank, counts)     # beats until this process ends; the launcher watches
     try:
         _init(rank, world_size, backend, timeout_s, f"tcp://127.0.0.1:{port}")
         # plain pickle: a tensor sent through the queue as-is would be shared memory that
@@ -176,80 +173,62 @@ def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, result
         results.close()
         results.join_thread()   # flush the report before the hard exit
         os._exit(1)
-    dist.destroy_process_group()
+    with contextlib.suppress(Exception):     # the parent has its result: nothing to report
+        dist.destroy_process_group()
 
 
-class _Signals:
-    """In the launcher, while ranks run: SIGTERM / SIGINT are passed on to every rank and
-    start the grace period; a second signal, or the end of the grace period, kills them.
-    SIGINT gets a short grace (Ctrl-C wants the prompt back); SIGTERM `stop_grace_s` (the
-    ranks may be writing a checkpoint)."""
-
-    def __init__(self, procs, stop_grace_s: float):
-        self.procs, self.grace = procs, stop_grace_s
-        self.signum, self.deadline, self.old = 0, None, {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.old.items():
-            signal.signal(s, handler)
-
-    def _on_signal(self, signum, frame):
-        if self.signum:                      # the second one: no more waiting
-            self.deadline = time.monotonic()
-            return
-        self.signum = signum
-        grace = min(self.grace, 5.0) if signum == signal.SIGINT else self.grace
-        self.deadline = time.monotonic() + grace
-        for p in self.procs:
-            if p.pid is not None and p.is_alive():
-                try:
-                    os.kill(p.pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    def expired(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
+def _pass_on_stop(procs, stop_grace_s: float, stop_by: float) -> float:
+    """In the launcher, while ranks run: the first SIGTERM / SIGINT it got is passed on to
+    every rank and starts the grace period; a second signal, or the end of the grace period,
+    raises `Stopped` (the ranks are then killed). SIGINT gets a short grace (Ctrl-C wants the
+    prompt back); SIGTERM `stop_grace_s` (the ranks may be writing a checkpoint). Returns
+    the end of the grace period (`stop_by`, infinite until a signal came)."""
+    if _signals and stop_by == math.inf:
+        for p in procs:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):    # it just ended
+                    os.kill(p.pid, _signals[0])
+        grace = min(stop_grace_s, 5.0) if _signals[0] == signal.SIGINT else stop_grace_s
+        stop_by = time.monotonic() + grace
+    if len(_signals) > 1 or time.monotonic() >= stop_by:     # the second one: no more waiting
+        raise Stopped(_signals[0])
+    return stop_by
 
 
-def _collect(procs, results, watch: LauncherWatch, signals: _Signals, grace_s: float = 2.0):
-    """Wait for every rank's result. On the first failure keep listening for `grace_s`: when
-    one rank dies its peers fail too ("connection closed"), often before its exit is
-    noticed, and the error must name the cause, not a bystander."""
-    done, errors, waited = {}, {}, set()          # errors in the order they came
-    deadline = None
-    while len(done) < len(procs) and (deadline is None or time.monotonic() < deadline):
-        if signals.expired():
-            raise Stopped(signals.signum)
-        if deadline is None and watch.hung is not None:
+def _collect(procs, results, watch: LauncherWatch, stop_grace_s: float, grace_s: float = 2.0):
+    """Wait for every rank's report. On the first failure (a rank that exits with an error
+    code: one that reported an error exits at once) keep listening for `grace_s`: when one
+    rank dies its peers fail too ("connection closed"), often before its exit is noticed,
+    and the error must name the cause, not a bystander. Then the ranks that are still
+    running without a report are the watch's to judge: stopped, silent, or (when the first
+    error was a timeout) absent from the collective the others waited in."""
+    reports = {}                       # {rank: (status, payload)}, in the order they came
+    deadline = stop_by = math.inf      # the end of a failure's grace period; of a signal's
+    while len(reports) < len(procs) and time.monotonic() < deadline:
+        stop_by = _pass_on_stop(procs, stop_grace_s, stop_by)
+        if deadline == math.inf and watch.hung is not None:
             break     # silent for a whole collective timeout: gloo may never say so
-        _receive(results, done, errors, waited, timeout=0.05)
-        if deadline is None and (errors or any(p.exitcode for p in procs)):
+        _receive(results, reports, timeout=0.05)
+        if deadline == math.inf and any(p.exitcode for p in procs):
             deadline = time.monotonic() + grace_s
-    while _receive(results, done, errors, waited, timeout=0):
-        pass          # a rank that exited may have reported just before
-    died = {r: p.exitcode for r, p in enumerate(procs)
-            if p.exitcode and r not in errors and r not in done}
-    waiting = [r for r, p in enumerate(procs) if p.is_alive() and r not in done and r not in errors]
-    hung = watch.culprits(waiting, waited=bool(errors) and next(iter(errors)) in waited)
+    _receive(results, reports, timeout=0)     # a rank that exited may have reported just before
+    errors = {r: text for r, (status, text) in reports.items() if status != "ok"}
+    died = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode and r not in reports}
+    waiting = [r for r, p in enumerate(procs) if p.is_alive() and r not in reports]
+    first = next((status for status, _ in reports.values() if status != "ok"), None)
+    hung = watch.culprits(waiting, waited=first == "timed out")
     if errors or died or hung:
         raise _failure(errors, died, hung)
-    return [pickle.loads(done[r]) for r in range(len(procs))]
+    return [pickle.loads(reports[r][1]) for r in range(len(procs))]
 
 
-def _receive(results, done: dict, errors: dict, waited: set, timeout: float) -> bool:
-    """Take one report off the queue, if one comes within `timeout` seconds."""
-    try:
-        rank, status, payload = results.get(timeout=timeout)
-    except (queue.Empty, OSError, ValueError):
-        return False
-    (done if status == "ok" else errors)[rank] = payload
-    waited.update([rank] if status == "timed out" else [])
-    return True
+def _receive(results, reports: dict, timeout: float):
+    """Move the reports on the queue into `reports`, waiting up to `timeout` s for the first."""
+    with contextlib.suppress(queue.Empty, OSError, ValueError):
+        while True:
+            rank, status, payload = results.get(timeout=timeout)
+            reports[rank] = status, payload
+            timeout = 0
 
 
 def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str]) -> RankFailed:
@@ -262,15 +241,12 @@ def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str])
         others = sorted((set(errors) | set(died)) - {cause})
         tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
         return RankFailed(cause, f"rank {cause} {what}{tail}", raised=not died)
-    cause = min(hung)
+    cause, first = min(hung), next(iter(errors), None)
     also = f"; so did ranks {sorted(set(hung) - {cause})}" if len(hung) > 1 else ""
-    if not errors:        # the launcher noticed first: its peers are still waiting
-        return RankFailed(cause, f"rank {cause} hung ({hung[cause]}){also}; the other ranks "
-                                 "were left waiting for it")
-    first = next(iter(errors))
-    return RankFailed(cause, f"rank {cause} hung ({hung[cause]}){also}; ranks {sorted(errors)} "
-                             f"gave up waiting for it\nrank {first} reported: "
-                             + errors[first].splitlines()[0])
+    tail = ((f"ranks {sorted(errors)} gave up waiting for it\nrank {first} reported: "
+             + errors[first].splitlines()[0]) if errors
+            else "the other ranks were left waiting for it")   # the launcher noticed first
+    return RankFailed(cause, f"rank {cause} hung ({hung[cause]}){also}; {tail}")
 
 
 # ---------------------------------------------------------------- a torchrun world
@@ -288,9 +264,8 @@ def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float
     ws = int(os.environ["WORLD_SIZE"])
     if ws != world_size:
         raise RuntimeError(f"torchrun started {ws} processes but the layout needs {world_size}")
-    if not dist.is_initialized():
-        _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s)
-    beat = StoreHeartbeat(dist.get_rank(), ws, collective_timeout_s=timeout_s)  # names lost ranks
+    _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s)
+    beat = StoreHeartbeat(dist.get_rank(), ws, timeout_s)      # names lost ranks
     try:
         return [fn(*args, **kwargs)]
     except Exception as e:

@@ -37,17 +37,11 @@ class Held:
 
     __slots__ = ("tensor", "_release")
 
-    def __init__(self, tensor: torch.Tensor, release=None):
+    def __init__(self, tensor: torch.Tensor, release=lambda: None):
         self.tensor, self._release = tensor, release
 
     def __del__(self):
-        if self._release is not None:
-            self._release()
-
-
-def _is_parameter(t: torch.Tensor) -> bool:
-    base = t if t._base is None else t._base
-    return isinstance(base, nn.Parameter)
+        self._release()
 
 
 class ActivationMeter:
@@ -56,20 +50,18 @@ class ActivationMeter:
 
     def __init__(self):
         self.live: dict[tuple, list[int]] = {}     # storage -> [bytes, boxes holding it]
-        self.current = 0
-        self.peak = 0
+        self.current = self.peak = 0
 
     def hold(self, t: torch.Tensor) -> Held:
-        if not torch.is_tensor(t) or _is_parameter(t):
-            return Held(t)
+        if isinstance(t if t._base is None else t._base, nn.Parameter):
+            return Held(t)          # a weight (or a view of one) exists anyway
         st = t.untyped_storage()
         key = (t.device, st.data_ptr())
-        if key in self.live:
-            self.live[key][1] += 1
-        else:
-            self.live[key] = [st.nbytes(), 1]
-            self.current += st.nbytes()
+        entry = self.live.setdefault(key, [st.nbytes(), 0])
+        if entry[1] == 0:           # the storage's first holder: count its bytes, once
+            self.current += entry[0]
             self.peak = max(self.peak, self.current)
+        entry[1] += 1
         # detached: the box must not reach back into the graph. A saved *output* (exp saves
         # its result) carries its grad_fn, whose saved tensor is this box: a cycle through
         # C++ that Python's collector cannot see, and the graph would never be freed
@@ -103,16 +95,12 @@ def hold(t: torch.Tensor) -> Held:
     return _ACTIVE[-1].hold(t) if _ACTIVE else Held(t.detach())
 
 
-def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's state (Adam: the two moments), from its tensors."""
-    return comm.nbytes(*(v for st in optimizer.state.values() for v in st.values()
-                         if torch.is_tensor(v) and v.dim() > 0))
-
-
 def state_bytes(dp, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """What this rank holds between steps: {"params", "grads", "optimizer"}, from the
     tensors (`dp.memory_bytes()` knows what ZeRO has sharded or freed)."""
-    return {**dp.memory_bytes(), "optimizer": optimizer_bytes(optimizer)}
+    moments = [v for st in optimizer.state.values() for v in st.values()
+               if torch.is_tensor(v) and v.dim() > 0]      # Adam's m and v, not its step count
+    return {**dp.memory_bytes(), "optimizer": comm.nbytes(*moments)}
 
 
 def cuda_peak_bytes(device: torch.device) -> int | None:

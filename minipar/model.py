@@ -4,7 +4,8 @@ Chapter "One model, sixteen thousand GPUs".
 
 Every parallel layout in minipar is proved against this model. Module names are Hugging
 Face's (`embed_tokens`, `layers.3.self_attn.q_proj`, ...) so that a Llama checkpoint loads
-with a prefix and nothing else, and a pipeline stage is just this class holding fewer layers.
+with a prefix and nothing else (`hf.hf_name`, chapter "Real models in and out"), and a
+pipeline stage is just this class holding fewer layers.
 """
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, llama3=No
     Positions are explicit so that context parallelism can hand a rank the positions of the
     chunks it holds, which are not contiguous. `llama3`: `ModelConfig.llama3_rope`.
     """
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    # on the positions' device: a GPU run's positions live on the GPU
+    pairs = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device)
+    inv_freq = 1.0 / theta ** (pairs / head_dim)
     if llama3 is not None:
         inv_freq = llama3_scaled(inv_freq, *llama3)
     angles = positions.float()[:, None] * inv_freq[None, :]
@@ -75,47 +78,10 @@ def causal_attention(q, k, v):
     return out.transpose(1, 2)
 
 
-def cached_attention(q, k, v):
-    """Attention of the s newest positions (q) over all t positions so far (k, v), when
-    decoding with a `KVCache`: query i sits at position t - s + i and sees keys up to it."""
-    s, t = q.shape[1], k.shape[1]
-    mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(diagonal=t - s)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                         v.transpose(1, 2), attn_mask=mask, enable_gqa=True)
-    return out.transpose(1, 2)
-
-
-class LayerCache:
-    """One layer's keys and values of every position seen so far, [b, t, kv_heads, d]."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def extend(self, k, v):
-        """Append the new positions' keys and values; return all of them."""
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
-        return self.k, self.v
-
-
-class KVCache:
-    """Generation's memory: each layer's keys and values of the tokens so far. With it, one
-    more token costs one position's projections and one row of attention, not a forward
-    pass over the whole prefix again. Training never uses it (it sees all positions at once)."""
-
-    def __init__(self):
-        self.layers: dict[str, LayerCache] = {}
-        self.length = 0          # positions cached so far: the next token's position
-
-    def layer(self, i: str) -> LayerCache:
-        return self.layers.setdefault(i, LayerCache())
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        hd = cfg.head_dim
-        self.head_dim = hd
+        self.head_dim = hd = cfg.head_dim
         self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=False)
         self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
@@ -127,16 +93,12 @@ class Attention(nn.Module):
         three in one trip round the tensor-parallel ring (`parallel/collective_matmul.py`)."""
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
-    def forward(self, x, cos, sin, cache: LayerCache | None = None):
+    def forward(self, x, cos, sin):
         # [b, s, heads * d] -> [b, s, heads, d]; under tensor parallelism a rank holds
         # only its share of the heads, so their number is read from the projection
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is None:
-            out = self.core(q, k, v)
-        else:    # generation: attend over the cached positions and the new ones
-            out = cached_attention(q, *cache.extend(k, v))
-        return self.o_proj(out.flatten(-2))
+        return self.o_proj(self.core(q, k, v).flatten(-2))
 
 
 class MLP(nn.Module):
@@ -165,8 +127,8 @@ class TransformerBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache: LayerCache | None = None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -193,43 +155,20 @@ class Transformer(nn.Module):
         if seed is not None:
             init_weights(self, seed)
 
-    def forward(self, x, positions=None, cache: KVCache | None = None):
-        """`cache` (generation only): x holds the tokens after the `cache.length` cached ones."""
+    def forward(self, x, positions=None):
+        """`positions` of x's tokens: 0..s-1 unless given (context parallelism holds other
+        chunks of the sequence; generation with a KV cache feeds the newest tokens only)."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         if positions is None:
-            start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + h.shape[1], device=h.device)
+            positions = torch.arange(h.shape[1], device=h.device)
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
                                 self.cfg.llama3_rope)
         cos, sin = cos.to(h.device), sin.to(h.device)
-        for i, layer in self.layers.items():
-            h = layer(h, cos, sin) if cache is None else layer(h, cos, sin, cache.layer(i))
-        if cache is not None:
-            cache.length += x.shape[1]
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
         if self.lm_head is None:
             return h
         return self.lm_head(self.norm(h))
-
-    # -- Hugging Face names ----------------------------------------------------------------
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """This model's weights under Hugging Face `LlamaForCausalLM` names."""
-        return {hf_name(k): v for k, v in self.state_dict().items()}
-
-    def load_hf_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True):
-        """Load a Hugging Face Llama state dict (only the layers this model holds)."""
-        ours = {our_name(k): v for k, v in sd.items()}
-        ours = {k: v for k, v in ours.items() if k in self.state_dict()}
-        if self.cfg.tie_embeddings and "lm_head.weight" not in ours and "embed_tokens.weight" in ours:
-            ours["lm_head.weight"] = ours["embed_tokens.weight"]
-        return self.load_state_dict(ours, strict=strict)
-
-
-def hf_name(name: str) -> str:
-    return name if name.startswith("lm_head.") else "model." + name
-
-
-def our_name(name: str) -> str:
-    return name[len("model."):] if name.startswith("model.") else name
 
 
 def param_seed(seed: int, name: str) -> int:

@@ -8,6 +8,7 @@ arithmetic of MFU itself is `minipar.flops`, which needs no torch.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -29,33 +30,22 @@ def peak_flops(device=None, dtype: str = "bf16") -> float | None:
     cached in-process and in ~/.cache/minipar/ (or $MINIPAR_CACHE_DIR) per CPU model and
     torch thread count, so calling it again, or from another process, is free. On a CPU the
     "peak" is thus what a large matmul reaches, not the vendor's theoretical number; `dtype`
-    is ignored there (minipar computes in float32 on CPU).
+    is ignored there (minipar computes in float32 on CPU). Another device: None.
     """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
-    if device.type != "cpu":
-        return None
-    return cpu_peak_flops()
+    return cpu_peak_flops() if device.type == "cpu" else None
 
 
 def _cpu_key() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The CPU's model name (from /proc/cpuinfo where there is one), torch's thread count
+    and version: what the measured rate depends on."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    name = names[0] if names else platform.processor() or platform.machine()
     return f"{name}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-
-
-def _cache_file() -> Path:
-    root = os.environ.get("MINIPAR_CACHE_DIR") or Path.home() / ".cache" / "minipar"
-    return Path(root) / "cpu_peak_flops.json"
 
 
 def cpu_peak_flops(seconds: float = 0.5) -> float:
@@ -63,20 +53,19 @@ def cpu_peak_flops(seconds: float = 0.5) -> float:
     key = _cpu_key()
     if key in _CPU_PEAK:
         return _CPU_PEAK[key]
-    path = _cache_file()
+    path = Path(os.environ.get("MINIPAR_CACHE_DIR") or Path.home() / ".cache" / "minipar")
+    path = path / "cpu_peak_flops.json"
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     if key not in cached:
         cached[key] = measure_matmul_flops(seconds)
-        try:
+        with contextlib.suppress(OSError):   # a read-only home still gets the in-process cache
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(cached, indent=1))
             tmp.replace(path)            # atomic: a concurrent reader sees old or new, whole
-        except OSError:
-            pass                         # a read-only home still gets the in-process cache
     _CPU_PEAK[key] = float(cached[key])
     return _CPU_PEAK[key]
 

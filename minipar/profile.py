@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-import os
+import math
 import socket
 from pathlib import Path
 
@@ -44,7 +44,6 @@ import torch.distributed as dist
 from . import events
 
 AXES = ("tp", "cp", "pp", "dp", "world")
-TRACE_FILE = "trace.json"
 
 
 # ======================================================================= recording
@@ -57,41 +56,36 @@ def start(rank: int | None = None) -> events.Recorder:
 
 
 # -- per-layer spans, from module and tensor hooks -----------------------------------------
-def trace_layers(chunks) -> list:
+def trace_layers(chunks) -> None:
     """Hooks on every transformer layer of `chunks`: a span for its forward (pre- and post-
     forward hooks) and one for its backward, from the moment the gradient of its output
     arrives to the moment the gradient of its input is complete (hooks on those tensors).
-    They record only while a Recorder is installed. Returns the hook handles."""
-    handles = []
+    They record only while a Recorder is installed."""
     for chunk in chunks:
         for name, block in chunk.layers.items():
-            handles.append(block.register_forward_pre_hook(functools.partial(_layer_in, int(name))))
-            handles.append(block.register_forward_hook(functools.partial(_layer_out, int(name))))
-    return handles
+            block.register_forward_pre_hook(functools.partial(_layer_in, int(name)))
+            block.register_forward_hook(functools.partial(_layer_out, int(name)))
 
 
 def _layer_in(layer, module, args):
     rec = events.RECORDER
-    if rec is None:
-        return
-    outer = rec.context
-    module._profile = {"start": events.now(), "outer": outer, "backward": None}
-    rec.context = {**outer, "layer": layer}       # its collectives say which layer
-    x = args[0]
-    if torch.is_grad_enabled() and x.requires_grad:
-        bwd = {"start": None, "done": False, "args": {**outer, "layer": layer}}
-        module._profile["backward"] = bwd
-        _when_grad_arrives(x)["ends"].append(bwd)
+    if rec is not None:
+        module._profile = {"start": events.now(), "outer": rec.context}
+        rec.context = {**rec.context, "layer": layer}       # its collectives say which layer
 
 
 def _layer_out(layer, module, args, out):
+    """The layer's forward span; and its backward's, to begin when the gradient of `out`
+    arrives and end when the gradient of its input is complete."""
     rec, state = events.RECORDER, getattr(module, "_profile", None)
     if rec is None or state is None:
         return
     rec.context = state["outer"]
     rec.add(f"layer {layer} F", "layer", state["start"], events.now(), layer=layer, kind="F")
-    if state["backward"] is not None and out.requires_grad:
-        _when_grad_arrives(out)["begins"].append(state["backward"])
+    if torch.is_grad_enabled() and args[0].requires_grad and out.requires_grad:
+        backward = {"start": None, "done": False, "args": {**rec.context, "layer": layer}}
+        _when_grad_arrives(out)["begins"].append(backward)
+        _when_grad_arrives(args[0])["ends"].append(backward)
     module._profile = None
 
 
@@ -111,17 +105,16 @@ def _grad_arrived(state, grad):
         # zero-bubble's W may run a node again: a layer's backward span is closed once
         if rec is not None and not bwd["done"] and bwd["start"] is not None:
             bwd["done"] = True
-            args = {k: v for k, v in bwd["args"].items() if k != "kind"}
-            rec.add(f"layer {args['layer']} B", "layer", bwd["start"], now, kind="B", **args)
+            rec.add(f"layer {bwd['args']['layer']} B", "layer", bwd["start"], now,
+                    **{**bwd["args"], "kind": "B"})
     for bwd in state["begins"]:
-        if bwd["start"] is None:
-            bwd["start"] = now
-            if rec is not None:     # the collectives from here on are this layer's backward
-                rec.context = {**rec.context, "layer": bwd["args"]["layer"]}
+        if rec is not None and bwd["start"] is None:
+            bwd["start"] = now      # the collectives from here on are this layer's backward
+            rec.context = {**rec.context, "layer": bwd["args"]["layer"]}
 
 
 # ==================================================================== the file
-def finish(path: str | os.PathLike, coords: dict | None = None, meta: dict | None = None):
+def finish(path: str | Path, coords: dict | None = None, meta: dict | None = None):
     """Stop recording, gather every rank's events on rank 0 and write one trace file there
     (gzipped when `path` ends in .gz; a directory gets `trace.json`). Collective: every
     rank calls it. Returns the trace (rank 0) or None."""
@@ -132,44 +125,33 @@ def finish(path: str | os.PathLike, coords: dict | None = None, meta: dict | Non
     if dist.is_initialized():
         parts = [None] * dist.get_world_size() if rec.rank == 0 else None
         dist.gather_object(part, parts, dst=0)
-    if rec.rank != 0:
-        return None
-    trace = trace_events(parts, meta)
-    write(trace, path)
-    return trace
+    if rec.rank == 0:
+        trace = trace_events(parts, meta)
+        write(trace, path)
+        return trace
 
 
-def trace_path(path: str | os.PathLike) -> Path:
+def trace_path(path: str | Path) -> Path:
     """`--profile DIR` -> DIR/trace.json; a path ending in .json or .json.gz is the file."""
-    path = Path(path)
-    return path if path.name.endswith((".json", ".json.gz")) else path / TRACE_FILE
+    return Path(path) if str(path).endswith((".json", ".json.gz")) else Path(path) / "trace.json"
+
+
+def _open(path: Path, mode: str):
+    return (gzip.open if path.name.endswith(".gz") else open)(path, mode)
 
 
 def write(trace: dict, path) -> Path:
     path = trace_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "wt") as f:
+    with _open(path, "wt") as f:
         json.dump(trace, f)
     return path
 
 
 def load(path) -> dict:
     """A trace file (or a --profile directory), gzipped or not."""
-    path = trace_path(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as f:
+    with _open(trace_path(path), "rt") as f:
         return json.load(f)
-
-
-def epoch_of(parts: list[dict]) -> dict[int, int]:
-    """Each rank's time 0, in its own clock: on one machine every process reads the same
-    monotonic clock, so one epoch for all (the earliest start); across machines each rank's
-    own start, which the start barrier made simultaneous."""
-    if len({p["host"] for p in parts}) == 1:
-        t0 = min(p["start_ns"] for p in parts)
-        return {p["rank"]: t0 for p in parts}
-    return {p["rank"]: p["start_ns"] for p in parts}
 
 
 def delivered(parts: list[dict]) -> None:
@@ -178,12 +160,11 @@ def delivered(parts: list[dict]) -> None:
     end's completion; a send's own wait may come much later (the pipeline waits for its
     sends at the end of the step)."""
     sends, recvs = {}, {}
-    for part in parts:
-        for s in part["spans"]:
-            a = s["args"]
-            if s["cat"] == "comm" and a.get("op") in ("send", "recv") and "peer" in a:
-                src, dst = (part["rank"], a["peer"]) if a["op"] == "send" else (a["peer"], part["rank"])
-                (sends if a["op"] == "send" else recvs).setdefault((src, dst, a["tag"]), []).append(s)
+    for me, s in ((part["rank"], s) for part in parts for s in part["spans"]):
+        a = s["args"]
+        if s["cat"] == "comm" and a.get("op") in ("send", "recv") and "peer" in a:
+            key = (me, a["peer"], a["tag"]) if a["op"] == "send" else (a["peer"], me, a["tag"])
+            (sends if a["op"] == "send" else recvs).setdefault(key, []).append(s)
     for key, out in sends.items():
         for send, recv in zip(out, recvs.get(key, [])):
             if send["end"] is not None and recv["end"] is not None:
@@ -191,28 +172,31 @@ def delivered(parts: list[dict]) -> None:
 
 
 def trace_events(parts: list[dict], meta: dict | None = None) -> dict:
-    """The Trace Event Format object of every rank's spans (sends ended at their delivery)."""
+    """The Trace Event Format object of every rank's spans (sends ended at their delivery).
+    Each rank's time 0, in its own clock: on one machine every process reads the same
+    monotonic clock, so one epoch for all (the earliest start); across machines each rank's
+    own start, which the start barrier made simultaneous."""
     delivered(parts)
-    epoch = epoch_of(parts)
-    events, ranks = [], {}
+    one_machine = len({p["host"] for p in parts}) == 1
+    first = min(p["start_ns"] for p in parts)
+    out, ranks = [], {}
     for part in sorted(parts, key=lambda p: p["rank"]):
         r, coords = part["rank"], part["coords"]
-        ranks[r] = coords
+        ranks[str(r)] = coords
         label = " ".join(f"{a}{coords[a]}" for a in ("tp", "cp", "pp", "dp") if a in coords)
-        events += [_meta("process_name", r, 0, name=f"rank {r}" + (f" ({label})" if label else "")),
-                   _meta("process_sort_index", r, 0, sort_index=r),
-                   _meta("thread_name", r, 0, name="compute"),
-                   _meta("thread_sort_index", r, 0, sort_index=0)]
-        events += _rank_events(r, part["spans"], epoch[r])
-    clock = ("one machine: one monotonic clock" if len({p["host"] for p in parts}) == 1
+        out += _track("process", r, 0, f"rank {r}" + (f" ({label})" if label else ""), r)
+        out += _track("thread", r, 0, "compute", 0)
+        out += _rank_events(r, part["spans"], first if one_machine else part["start_ns"])
+    clock = ("one machine: one monotonic clock" if one_machine
              else "several machines: aligned at a start barrier")
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"minipar": {**(meta or {}), "clock": clock,
-                                      "ranks": {str(r): c for r, c in ranks.items()}}}}
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"minipar": {**(meta or {}), "clock": clock, "ranks": ranks}}}
 
 
-def _meta(kind, pid, tid, **args) -> dict:
-    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+def _track(kind: str, pid: int, tid: int, name: str, index: int) -> list[dict]:
+    """The metadata ("M") events that name a process or thread track and set its place."""
+    return [{"name": f"{kind}_{key}", "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
+            for key, value in (("name", name), ("sort_index", index))]
 
 
 def _rank_events(rank: int, recorded: list[dict], epoch: int) -> list[dict]:
@@ -226,23 +210,15 @@ def _rank_events(rank: int, recorded: list[dict], epoch: int) -> list[dict]:
             axis = s["args"]["axis"]
             ends = lanes.setdefault(axis, [])
             lane = next((i for i, e in enumerate(ends) if e <= s["start"]), len(ends))
-            if lane == len(ends):
-                ends.append(0)
-                tid = _comm_tid(axis, lane)
+            tid = 100 * (1 + (AXES.index(axis) if axis in AXES else len(AXES))) + lane
+            if lane == len(ends):          # a new lane: name its track
                 name = f"{axis} comm" + (f" ({lane + 1})" if lane else "")
-                out += [_meta("thread_name", rank, tid, name=name),
-                        _meta("thread_sort_index", rank, tid, sort_index=tid)]
-            ends[lane] = s["end"]
-            tid = _comm_tid(axis, lane)
+                out += _track("thread", rank, tid, name, tid)
+            ends[lane:lane + 1] = [s["end"]]     # a new lane's end, or a later one on its lane
         out.append({"name": s["name"], "cat": s["cat"], "ph": "X", "pid": rank, "tid": tid,
                     "ts": (s["start"] - epoch) / 1e3, "dur": (s["end"] - s["start"]) / 1e3,
                     "args": s["args"]})
     return out
-
-
-def _comm_tid(axis: str, lane: int) -> int:
-    index = AXES.index(axis) if axis in AXES else len(AXES)
-    return 100 * (1 + index) + lane
 
 
 # ================================================================ reading a trace
@@ -250,6 +226,11 @@ def spans(trace: dict, cat: str | None = None, pid: int | None = None) -> list[d
     """The complete ("X") events of a trace, of one category and rank if given."""
     return [e for e in trace["traceEvents"] if e["ph"] == "X"
             and (cat is None or e["cat"] == cat) and (pid is None or e["pid"] == pid)]
+
+
+def intervals(xs) -> list[tuple[float, float]]:
+    """(start, end) of each X event of `xs`, in microseconds."""
+    return [(e["ts"], e["ts"] + e["dur"]) for e in xs]
 
 
 def union(intervals) -> list[tuple[float, float]]:
@@ -274,37 +255,14 @@ def intersect(xs, ys) -> list[tuple[float, float]]:
         a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
         if a < b:
             out.append((a, b))
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
+        i, j = (i + 1, j) if xs[i][1] < ys[j][1] else (i, j + 1)   # drop the one ending first
     return out
 
 
 def subtract(xs, ys) -> list[tuple[float, float]]:
-    """xs minus ys (both sorted and disjoint)."""
-    out = []
-    for a, b in xs:
-        for c, d in ys:
-            if d <= a or c >= b:
-                continue
-            if c > a:
-                out.append((a, c))
-            a = max(a, d)
-            if a >= b:
-                break
-        if a < b:
-            out.append((a, b))
-    return out
-
-
-def computing(trace: dict, pid: int) -> list[tuple[float, float]]:
-    """When rank `pid` computed: inside a compute span, not blocked in a collective or a wait."""
-    compute = union((e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "compute", pid))
-    blocked = union([(e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "wait", pid)] +
-                    [(e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "comm", pid)
-                     if e["args"].get("blocking")])
-    return subtract(compute, blocked)
+    """xs minus ys (both sorted and disjoint): xs within the gaps between the ys."""
+    edges = [-math.inf, *(t for y in ys for t in y), math.inf]
+    return intersect(xs, list(zip(edges[::2], edges[1::2])))
 
 
 def step_windows(trace: dict, pid: int) -> dict[int, tuple[float, float]]:
@@ -312,16 +270,20 @@ def step_windows(trace: dict, pid: int) -> dict[int, tuple[float, float]]:
     return {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in spans(trace, "step", pid)}
 
 
-def hidden_and_exposed(trace: dict, pid: int, start: float = float("-inf"),
-                       end: float = float("inf")) -> dict[str, tuple[list, list]]:
+def hidden_and_exposed(trace: dict, pid: int, start: float = -math.inf,
+                       end: float = math.inf) -> dict[str, tuple[list, list]]:
     """Rank `pid`'s communication of each axis posted between `start` and `end`, as two
     interval lists: hidden (the rank computed meanwhile) and exposed (it did not)."""
-    busy = computing(trace, pid)
-    posted = [e for e in spans(trace, "comm", pid) if start <= e["ts"] <= end]
+    mine = spans(trace, pid=pid)
+    # the rank computes while inside a compute span and not blocked in a collective or a wait
+    blocked = union(intervals(e for e in mine if e["cat"] == "wait"
+                              or e["cat"] == "comm" and e["args"].get("blocking")))
+    busy = subtract(union(intervals(e for e in mine if e["cat"] == "compute")), blocked)
+    posted = [e for e in mine if e["cat"] == "comm" and start <= e["ts"] <= end]
     out = {}
     for axis in sorted({e["args"]["axis"] for e in posted}):
-        mine = union((e["ts"], e["ts"] + e["dur"]) for e in posted if e["args"]["axis"] == axis)
-        out[axis] = (intersect(mine, busy), subtract(mine, busy))
+        comm = union(intervals(e for e in posted if e["args"]["axis"] == axis))
+        out[axis] = (intersect(comm, busy), subtract(comm, busy))
     return out
 
 
@@ -334,15 +296,14 @@ def exposure(trace: dict, from_step: int = 0) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for pid in pids:
         windows = [w for s, w in step_windows(trace, pid).items() if s >= from_step]
-        start = min((a for a, _ in windows), default=float("-inf"))
+        start = min((a for a, _ in windows), default=-math.inf)
+        posted = [e["args"]["axis"] for e in spans(trace, "comm", pid) if e["ts"] >= start]
         for axis, (hidden, exposed) in hidden_and_exposed(trace, pid, start).items():
-            row = out.setdefault(axis, {"total": 0.0, "hidden": 0.0, "exposed": 0.0, "spans": 0,
-                                        "steps": len(windows)})
+            row = out.setdefault(axis, dict(hidden=0.0, exposed=0.0, spans=0, steps=len(windows)))
             row["hidden"] += length(hidden) / 1e6 / len(pids)
             row["exposed"] += length(exposed) / 1e6 / len(pids)
             row["total"] = row["hidden"] + row["exposed"]
-            row["spans"] += sum(e["args"]["axis"] == axis and e["ts"] >= start
-                                for e in spans(trace, "comm", pid)) / len(pids)
+            row["spans"] += posted.count(axis) / len(pids)
     return out
 
 
@@ -352,12 +313,10 @@ def format_exposure(table: dict, backend: str = "gloo") -> str:
             if backend == "gloo" else f"{backend}: when the host issued the work; the "
             "device's own timeline is torch.profiler's")
     lines = [f"communication per rank, mean over ranks ({note}):",
-             f"{'axis':6s} {'spans':>6s} {'total ms':>9s} {'hidden ms':>10s} "
-             f"{'exposed ms':>11s} {'hidden':>7s}"]
-    for axis, row in table.items():
-        share = row["hidden"] / row["total"] if row["total"] else 0.0
-        lines.append(f"{axis:6s} {row['spans']:6.0f} {1e3 * row['total']:9.2f} "
-                     f"{1e3 * row['hidden']:10.2f} {1e3 * row['exposed']:11.2f} {share:7.0%}")
+             "axis    spans  total ms  hidden ms  exposed ms  hidden"]
+    lines += [f"{axis:6s} {r['spans']:6.0f} {1e3 * r['total']:9.2f} {1e3 * r['hidden']:10.2f} "
+              f"{1e3 * r['exposed']:11.2f} {r['hidden'] / (r['total'] or 1):7.0%}"   # hidden share
+              for axis, r in table.items()]
     return "\n".join(lines)
 
 
@@ -366,19 +325,12 @@ def pipeline_events(trace: dict, replica: dict | None = None) -> list[dict]:
     """The F/B/W spans of one pipeline replica (the ranks at tp = cp = dp = 0 unless
     `replica` says otherwise) as `parallel.schedules.timeline_from_events` takes them:
     rank (the pipeline rank), kind, microbatch, chunk, start, end in seconds, and step,
-    in_flight and activation_bytes where recorded."""
-    ranks = trace.get("otherData", {}).get("minipar", {}).get("ranks", {})
+    in_flight and activation_bytes where recorded. An action's step is the `step` span
+    around it (a span's args reach every event inside it)."""
+    coords = {int(r): c for r, c in trace["otherData"]["minipar"]["ranks"].items()}
     want = {"tp": 0, "cp": 0, "dp": 0, **(replica or {})}
-    out, windows = [], {}
-    for e in spans(trace, "compute"):
-        coords = ranks.get(str(e["pid"]), {})
-        if e["args"].get("kind") not in ("F", "B", "W") or any(
-                coords.get(a, 0) != v for a, v in want.items()):
-            continue
-        if e["pid"] not in windows:
-            windows[e["pid"]] = step_windows(trace, e["pid"])
-        step = next((s for s, (a, b) in windows[e["pid"]].items() if a <= e["ts"] <= b), 0)
-        out.append({**e["args"], "rank": coords.get("pp", 0), "global_rank": e["pid"],
-                    "chunk": e["args"].get("chunk", 0), "step": step,
-                    "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
-    return out
+    mine = [e for e in spans(trace, "compute") if e["args"].get("kind") in ("F", "B", "W")
+            and all(coords[e["pid"]].get(a, 0) == v for a, v in want.items())]
+    return [{"chunk": 0, "step": 0, **e["args"], "rank": coords[e["pid"]].get("pp", 0),
+             "global_rank": e["pid"], "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6}
+            for e in mine]

@@ -28,6 +28,7 @@ runs a nested backward) would compute the weight gradients inside B and break th
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -51,7 +52,9 @@ class _Recomputation:
         # kept (and counted) detached, with whether each needs a gradient
         self.inputs = [(memory.hold(a), a.requires_grad) if torch.is_tensor(a) else a for a in args]
         device = next((a.device.type for a in args if torch.is_tensor(a)), "cpu")
-        self.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        # the rerun computes in the precision the forward did (bf16 autocast or not)
+        self.autocast = torch.autocast(device, dtype=torch.get_autocast_dtype(device),
+                                       enabled=torch.is_autocast_enabled(device))
         self.n_slots = 0
         self.slots: list | None = None
 
@@ -75,13 +78,9 @@ class _Recomputation:
 
         args = [a[0].tensor.detach().requires_grad_(a[1]) if isinstance(a, tuple) else a
                 for a in self.inputs]
-        device, enabled, dtype = self.autocast
-        try:
-            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled), \
-                    torch.autograd.graph.saved_tensors_hooks(collect, lambda t: t):
-                self.fn(*args)
-        except _AllSaved:
-            pass
+        with contextlib.suppress(_AllSaved), torch.enable_grad(), self.autocast, \
+                torch.autograd.graph.saved_tensors_hooks(collect, lambda t: t):
+            self.fn(*args)
         if len(saved) != self.n_slots:
             raise RuntimeError(f"recomputation saved {len(saved)} tensors, the forward "
                                f"{self.n_slots}: {self.fn} is not deterministic in what it saves")

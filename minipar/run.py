@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from . import checkpoint, cli, comm, export, launch, profile
+from . import checkpoint, cli, comm, hf, launch, profile
 from .cli import PROG
 from .config import ConfigError, TrainConfig
 from .launch import STOP_SIGNALS, Stopped
@@ -86,13 +86,26 @@ class RankRun:
         self.log = open(cfg.log_json, "w") if cfg.log_json and self.rank == 0 else None
         for rec in self.records if self.log else ():   # a resumed run rewrites the log whole
             self.log.write(json.dumps(rec) + "\n")
-        self.note = resume_note(cfg, self.start) if cfg.resume and self.rank == 0 else None
+        self.note = self.resumed() if cfg.resume and self.rank == 0 else None
         self.saved_at = None                    # the step of the last checkpoint written
         p, self.steps = cfg.parallel, range(self.start, cfg.steps)
         if self.rank == 0 and cfg.progress:
             self.steps = tqdm(self.steps, desc=f"train {p.tp}x{p.cp}x{p.pp}x{p.dp}", leave=False)
         if cfg.profile:
             profile.start(self.rank)
+
+    def resumed(self) -> dict:
+        """Where a resumed run comes from, said on the terminal (with the layout it was
+        saved in); returns what the log records of it: from where, at which step, and what
+        changed in the run's meaning (allowed by --resume-allow-change)."""
+        cfg = self.trainer.cfg
+        step_dir = checkpoint.resolve(cfg.resume)
+        manifest = checkpoint.read_manifest(step_dir)
+        now, then = layout(cfg.parallel), layout(manifest["layout"])
+        self.say(f"resumed {step_dir} at step {self.start}" + (
+            f" (layout {now} unchanged)" if then == now else f", resharded from {then} to {now}"))
+        return {"from": cfg.resume, "step": self.start,
+                "changed": checkpoint.meaning_changes(manifest, cfg)}
 
     def before(self, step: int):
         """--fail-at-step K --fail-rank R: rank R dies at the start of step K, the way a GPU
@@ -121,8 +134,15 @@ class RankRun:
     def save(self, step: int) -> str:
         t = self.trainer
         self.saved_at = step
-        return checkpoint.save(t.cfg.save, step, t.model.chunks, t.model.dp, t.optimizer,
+        path = checkpoint.save(t.cfg.save, step, t.model.chunks, t.model.dp, t.optimizer,
                                t.grid, t.cfg, self.records)
+        self.say(f"saved {path} (step {step}, layout {layout(t.pcfg)})")
+        return path
+
+    def say(self, line: str):
+        """A line for the person at the terminal: rank 0, with the progress bar on."""
+        if self.rank == 0 and self.trainer.cfg.progress:
+            tqdm.write(line, file=sys.stderr)
 
     def finish(self, ended: dict | None) -> dict:
         """This rank's result. A run stopped by a signal first checkpoints (with --save)
@@ -138,20 +158,18 @@ class RankRun:
                 ended["checkpoint"] = os.path.join(cfg.save, checkpoint.step_dir_name(stop)) \
                     if self.saved_at == stop else self.save(stop)
         if cfg.export_hf and not ended:    # the trained model as a Hugging Face directory
-            export.export_run(cfg.export_hf, t.model.chunks, t.model.dp, t.optimizer, t.grid,
-                              t.mcfg, tokenizer_dir=cfg.init_hf)
+            hf.export_run(cfg.export_hf, t.model.chunks, t.model.dp, t.optimizer, t.grid,
+                          t.mcfg, tokenizer_dir=cfg.init_hf)
         return {"records": self.records if self.rank == 0 else None, "probes": t.probes,
                 "memory": t.memory_bytes(), "coords": t.grid.coords(self.rank),
                 "comm": comm.LOG.summary(), "ended": ended,
                 "profile": finish_profile(t) if cfg.profile and not ended else None}
 
 
-def resume_note(cfg: TrainConfig, start: int) -> dict:
-    """What the log records of a resume: from where, at which step, and what changed in
-    the run's meaning (allowed by --resume-allow-change)."""
-    manifest = checkpoint.read_manifest(checkpoint.resolve(cfg.resume))
-    return {"from": cfg.resume, "step": start,
-            "changed": checkpoint.meaning_changes(manifest, cfg)}
+def layout(p) -> str:
+    """A layout (a ParallelConfig, or a checkpoint manifest's dict of one) as one line."""
+    d = p if isinstance(p, dict) else p.as_dict()
+    return " ".join(f"{k}={d[k]}" for k in ("tp", "cp", "pp", "dp", "zero"))
 
 
 def finish_profile(t) -> dict | None:
@@ -190,7 +208,11 @@ def command(argv, train) -> int:
             return error(e, status=128 + e.signum, prefix="")
     if out.get("ended"):
         return report_end(out["ended"], rank0=out["records"] is not None)
-    print_summary(out)
+    if out["records"]:                # rank 0's: the last step's loss, norm and throughput
+        last = out["records"][-1]
+        restarts = f"  (after {len(out['failures'])} restart(s))" if out["failures"] else ""
+        print(f"step {last['step']}: loss {last['loss']:.6f}  grad_norm {last['grad_norm']:.4f}"
+              f"  {last['tokens_per_s']:.0f} tokens/s" + restarts)
     if out.get("profile"):
         print(f"trace: {out['profile']['path']} (open it in ui.perfetto.dev)")
         print(profile.format_exposure(out["profile"]["exposure"], out["profile"]["backend"]))
@@ -229,14 +251,11 @@ def report_end(ended: dict, rank0: bool = True) -> int:
         if rank0:
             print(f"{PROG}: error: {ended['message']}", file=sys.stderr)
         return 1
-    name = signal.Signals(ended["signal"]).name
-    if ended["checkpoint"]:
-        saved = f"checkpoint saved to {ended['checkpoint']} (continue with --resume)"
-    else:
-        saved = "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)"
+    saved = (f"checkpoint saved to {ended['checkpoint']} (continue with --resume)"
+             if ended["checkpoint"] else "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)")
     if rank0:
-        say(f"{PROG}: stopped by {name} after {ended['step']} steps, every rank at the same "
-            f"step boundary; {saved}")
+        say(f"{PROG}: stopped by {signal.Signals(ended['signal']).name} after {ended['step']} "
+            f"steps, every rank at the same step boundary; {saved}")
     return 128 + ended["signal"]
 
 
@@ -255,13 +274,3 @@ def say(line: str) -> None:
     else:
         print(line, file=sys.stderr)
 
-
-def print_summary(out: dict) -> None:
-    """The last step's loss, gradient norm and throughput (rank 0 only has records)."""
-    recs = out["records"]
-    if not recs:
-        return
-    last = recs[-1]
-    restarts = f"  (after {len(out['failures'])} restart(s))" if out.get("failures") else ""
-    print(f"step {last['step']}: loss {last['loss']:.6f}  grad_norm {last['grad_norm']:.4f}  "
-          f"{last['tokens_per_s']:.0f} tokens/s" + restarts)

@@ -66,18 +66,16 @@ def clip_grad_norm_(dp, grid: ProcessGrid, max_norm: float) -> float:
             sq += g.detach().double().pow(2).sum()
     comm.all_reduce(sq, grid.world)
     norm = sq.sqrt().item()
-    scale = min(1.0, max_norm / (norm + 1e-6)) if max_norm > 0 else 1.0
-    if scale < 1.0:
+    if 0 < max_norm < norm + 1e-6:        # --clip 0: off
         for g, _ in dp.grads():
-            g.mul_(scale)
+            g.mul_(max_norm / (norm + 1e-6))
     return norm
 
 
 def global_loss(loss: torch.Tensor, grid: ProcessGrid) -> float:
     """Every rank holds part of the loss (its tokens; the last pipeline stage only), and
     the TP ranks of a group all hold the same part: count it once and sum."""
-    if grid.tp.rank != 0:
-        loss = torch.zeros_like(loss)
+    loss = loss if grid.tp.rank == 0 else torch.zeros_like(loss)
     with comm.paused():
         comm.all_reduce(loss, grid.world)
     return loss.item()

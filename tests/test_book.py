@@ -282,3 +282,70 @@ def test_no_number_is_defined_twice():
                 seen.update(k.arg for k in node.keywords if k.arg)
         twice += [f"{path.stem}.{key}" for key, n in seen.items() if n > 1]
     assert not twice, "numbers defined twice: " + ", ".join(twice)
+
+
+# ------------------------------------------------------------------ figures drawn for the page
+# The book's text column at 1280 px (where `make test-html` reads the pages): a figure wider
+# than 1.5 columns is shrunk too much, and its smallest text must still read at 9 px.
+COLUMN_PX, MAX_SHRINK, MIN_TEXT_PX = 672, 1.5, 9
+
+
+def _mpfigs() -> list[tuple[str, str]]:
+    """(function, kwargs text) of every {mpfig} directive of the chapters, each once."""
+    found = []
+    for path in sorted(BOOK.glob("*.md")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if directive := re.match(r"^```\{mpfig\} (\S+)", line):
+                options = {}
+                for option in lines[i + 1:]:
+                    if not (m := re.match(r"^:(\w+):\s*(.*)$", option)):
+                        break
+                    options[m.group(1)] = m.group(2)
+                found.append((directive.group(1), options.get("kwargs", "")))
+    return list(dict.fromkeys(found))
+
+
+@pytest.mark.parametrize("target, kwargs", _mpfigs(), ids=lambda x: x or "-")
+def test_figure_is_drawn_for_the_column(target, kwargs):
+    """As `{mpfig}` draws it (book/_ext/minipar_book.py): no more than 1.5x wider than the
+    column, and its smallest text at least 9 px as shown there."""
+    import io
+    import struct
+    import sys
+
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+    sys.path.insert(0, str(BOOK / "_ext"))
+    import minipar_book
+
+    fig = minipar_book.draw(target, minipar_book._kwargs(kwargs))
+    png = io.BytesIO()
+    fig.savefig(png, dpi=minipar_book.DPI, bbox_inches="tight")
+    width = struct.unpack(">I", png.getvalue()[16:20])[0]          # the PNG header's width
+    shown = min(1.0, COLUMN_PX / width)
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    smallest = min(texts, key=lambda t: t.get_fontsize())
+    px = smallest.get_fontsize() * minipar_book.DPI / 72 * shown
+    plt.close("all")
+    assert width <= MAX_SHRINK * COLUMN_PX, (
+        f"{target}: {width} px wide, shown {width / COLUMN_PX:.2f}x smaller in the "
+        f"{COLUMN_PX} px column (draw it minipar.teach.style.PAGE_WIDTH wide)")
+    assert px >= MIN_TEXT_PX, (
+        f"{target}: {smallest.get_text()!r} at {smallest.get_fontsize():g} pt reads at "
+        f"{px:.1f} px in the column (at least {MIN_TEXT_PX})")
+
+
+def test_code_lines_wrap_under_their_indent_and_copy_exactly():
+    """book/_ext/reading.py puts each line of a code block in a span with its indentation:
+    the text a reader copies is the block's, unchanged."""
+    import sys
+    sys.path.insert(0, str(BOOK / "_ext"))
+    import reading
+
+    block = ('<div class="highlight"><pre><span></span><span class="k">def</span> f():\n'
+             '    <span class="k">return</span> <span class="s2">&quot;a&lt;b&quot;</span>\n\n</pre></div>')
+    wrapped = reading.BLOCK.sub(reading._lines, block)
+    text = lambda html: re.sub(r"<[^>]+>", "", html)      # noqa: E731
+    assert text(wrapped) == text(block)
+    assert wrapped.count('class="line"') == 3 and "--indent:4ch" in wrapped

@@ -116,7 +116,7 @@ def test_restore_cuts_slices_exactly_as_the_new_layout_does(src, dst):
         want, want_dp, _, _ = virtual_rank(tp, dp, zero, r, seed=1)
         with torch.no_grad():
             for name, p in checkpoint.named_params(parts, TINY):
-                checkpoint._restore(name, p, saved[name], dp_, optimizer, grid)
+                checkpoint._restore(p, saved[name], dp_, optimizer, grid)
         for (name, p), (_, q) in zip(checkpoint.named_params(parts, TINY),
                                      checkpoint.named_params(want, TINY)):
             got, exp = dp_.shard_of(p).data, want_dp.shard_of(q).data

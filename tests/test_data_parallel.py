@@ -36,6 +36,19 @@ def test_same_losses_and_gradients_as_single_device(name):
         assert_close_grads(rank_result["grads"], ref["grads"])
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_tied_embeddings_on_one_stage_keep_one_copy_of_the_shared_matrix(zero):
+    """With tied embeddings and no pipeline, the embedding and the head are one parameter
+    in one chunk: ZeRO-3 gathers it for both uses and shards one copy of it (two units
+    holding two copies used to train them apart, silently)."""
+    from minipar.config import ModelConfig
+    tied = ModelConfig(tie_embeddings=True, name="tied")
+    out, ref = run_layout(dp=2, zero=zero, init_model=tied), reference(init_model=tied)
+    assert_same_losses(out, ref)
+    for rank_result in out["all"]:
+        assert_close_grads(rank_result["grads"], ref["grads"])
+
+
 def param_bytes():
     return sum(v.numel() * 4 for v in reference()["grads"].values())
 
@@ -92,15 +105,10 @@ def _overlap_rank(zero):
     from minipar.config import ModelConfig
     from minipar.grid import ProcessGrid
     from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallel.data import DataParallel
-    from minipar.parallel.zero import ZERO_STAGES, ZeRO3
-    from minipar.parallelize import zero3_units
+    from minipar.parallel.zero import ZERO_STAGES
     grid = ProcessGrid(dp=2, rank=dist.get_rank()).init_groups()
     model = Transformer(ModelConfig.preset("tiny"), seed=0)
-    if zero == 3:
-        dp = ZeRO3([model], grid.dp_cp, bucket_mb=0.2, units=zero3_units([model]))
-    else:
-        dp = (DataParallel if zero == 0 else ZERO_STAGES[zero])([model], grid.dp_cp, bucket_mb=0.2)
+    dp = ZERO_STAGES[zero]([model], grid.dp_cp, bucket_mb=0.2)
     optimizer = torch.optim.AdamW([x for x, _ in dp.optimizer_params()], lr=1e-3)
     x = torch.randint(0, 256, (2, 17))
 

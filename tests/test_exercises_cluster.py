@@ -3,7 +3,7 @@ the placement they rest on agrees with ProcessGrid."""
 from __future__ import annotations
 
 from minipar.formulas.collectives import wire_bytes
-from minipar.formulas.memory import local_param_count
+from minipar.flops import local_param_count
 from minipar.config import ModelConfig
 from minipar.grid import AXES, ProcessGrid
 from minipar.teach.exercises import cluster as ex

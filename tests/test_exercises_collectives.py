@@ -5,7 +5,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from minipar.comm import ring_schedule
+from minipar.ring import ring_schedule
 from minipar.formulas.collectives import all_reduce_cost, all_reduce_time, wire_bytes
 from minipar.teach import exercises as E
 from minipar.teach.figures.collectives import ring_states

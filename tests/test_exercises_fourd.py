@@ -1,7 +1,7 @@
 """The 4D chapter's checks accept the right answer, reject the typical wrong ones, and say
 "not answered" for None (minipar/teach/exercises/fourd.py)."""
 from minipar.config import ModelConfig
-from minipar.formulas.memory import local_param_count
+from minipar.flops import local_param_count
 from minipar.flops import param_count
 from minipar.grid import ProcessGrid
 from minipar.teach.exercises import fourd as ex

@@ -20,8 +20,9 @@ from minipar.formulas.collectives import all_reduce_time, wire_bytes
 from minipar.formulas.context_parallel import cp_hops, cp_wire_bytes_per_step
 from minipar.formulas.data_parallel import zero_bytes_per_param
 from minipar.flops import layer_param_count, param_count
-from minipar.formulas.memory import local_param_count
-from minipar.formulas.pipeline_parallel import bubble_fraction, split_layers, stage_layer_counts
+from minipar.flops import local_param_count
+from minipar.formulas.pipeline_parallel import bubble_fraction
+from minipar.parallel.schedules import split_layers, stage_layer_counts
 from minipar.formulas.tensor_parallel import tp_wire_bytes_breakdown
 from minipar.config import ConfigError, ModelConfig, ParallelConfig
 

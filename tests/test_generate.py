@@ -10,7 +10,8 @@ from hf_llama import make_hf_llama
 from minipar import hf
 from minipar.config import ModelConfig
 from minipar.generate import Codec, generate, main, pick, stream
-from minipar.model import KVCache, Transformer
+from minipar.generate import KVCache
+from minipar.model import Transformer, causal_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,10 +25,11 @@ def test_cache_gives_the_full_forward_logits():
     model = Transformer(ModelConfig(n_layers=2), seed=3).eval()
     x = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
-        cache = KVCache()
-        steps = [model(x[:, :5], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(5, 12)]
+        with KVCache(model) as cache:
+            steps = [cache(x[:, :5])] + [cache(x[:, t:t + 1]) for t in range(5, 12)]
         torch.testing.assert_close(torch.cat(steps, dim=1), model(x), rtol=1e-5, atol=1e-5)
     assert cache.length == 12 and cache.layers["1"].k.shape[1] == 12
+    assert all(b.self_attn.core is causal_attention for b in model.layers.values())
 
 
 def test_greedy_equals_transformers_generate(hf_dir):

@@ -21,7 +21,8 @@ from helpers import assert_same_losses, losses, run_layout
 from minipar import export, hf, profile
 from minipar.config import ConfigError, ModelConfig
 from minipar.data import TokenizedText, make_source
-from minipar.model import Transformer, hf_name
+from minipar.hf import hf_name, load_hf_state_dict
+from minipar.model import Transformer
 from minipar.train import main
 
 transformers = pytest.importorskip("transformers")
@@ -95,7 +96,7 @@ def test_export_round_trip_same_logits(hf_dir, tmp_path):
     assert trace["otherData"]["minipar"]["model"] == f"--init-hf {hf_dir}"   # not the preset
     mcfg, state, _ = export.checkpoint_state(str(ckpt))
     ours = Transformer(mcfg, seed=None).eval()
-    ours.load_hf_state_dict({hf_name(k): v for k, v in state.items()})
+    load_hf_state_dict(ours, {hf_name(k): v for k, v in state.items()})
     start = hf.load_model(str(hf_dir))
     assert not torch.equal(ours.layers["0"].mlp.up_proj.weight, start.layers["0"].mlp.up_proj.weight)
     assert export.main(["--resume", str(ckpt), "--out", str(out2)]) == 0

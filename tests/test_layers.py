@@ -229,3 +229,14 @@ def test_the_trainer_core_stays_small():
     assert total <= CORE_BUDGET, (f"the trainer core is {total} logical lines, over the "
                                   f"budget of {CORE_BUDGET}: " + ", ".join(
                                       f"{n} {logical_lines(mods[n])}" for n in core))
+
+
+def test_the_run_configuration_seldom_climbs_back_up_the_book():
+    """From `train_on_rank`, the whole TrainConfig reaches few functions of earlier
+    chapters' files (`tests/config_walk.py` prints the walk): lower files take the values
+    they need, not the run's configuration."""
+    import config_walk
+    steps = config_walk.walk()
+    assert ("minipar.train", "train_on_rank", "minipar.train", "Trainer.__init__") in steps
+    up = config_walk.climbs(steps)
+    assert len(up) <= 8, "\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in up)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minipar.config import ModelConfig
-from minipar.hf import model_config, to_hf
+from minipar.hf import hf_name, load_hf_state_dict, model_config, to_hf
 from minipar.model import Transformer, causal_attention
 
 
@@ -58,14 +58,15 @@ def test_hugging_face_round_trip_same_logits(tie):
     hf_cfg = transformers.LlamaConfig(**to_hf(cfg))
     hf_model = transformers.LlamaForCausalLM(hf_cfg).eval()
     ours = Transformer(cfg, seed=None)
-    ours.load_hf_state_dict(hf_model.state_dict())
+    load_hf_state_dict(ours, hf_model.state_dict())
     x = torch.randint(0, 100, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf_model(x).logits, rtol=1e-5, atol=1e-5)
     # and back: our weights under HF names load into HF's model and give our logits
     mine = Transformer(cfg, seed=7)
     hf2 = transformers.LlamaForCausalLM(hf_cfg).eval()
-    missing, unexpected = hf2.load_state_dict(mine.hf_state_dict(), strict=False)
+    missing, unexpected = hf2.load_state_dict(
+        {hf_name(k): v for k, v in mine.state_dict().items()}, strict=False)
     assert not unexpected and all("rotary" in m for m in missing)
     with torch.no_grad():
         torch.testing.assert_close(hf2(x).logits, mine(x), rtol=1e-5, atol=1e-5)

@@ -27,14 +27,16 @@ display(fig)
 plt.close(fig)
 print(f"{0.1 + 0.2:.2f}")"""
 FIGURE_TEXT = "<Figure size 200x100 with 1 Axes>"
-NOT_THIS_PICTURE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+NOT_THIS_PICTURE = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMI"
+                    "QAAAABJRU5ErkJggg==")           # a 1x1 PNG: not what the cell draws
 
 
 def notebook(printed: str) -> dict:
     """The notebook as if committed: its outputs are a made-up picture and `printed`."""
     record = "application/papermill.record/"
     outputs = [
-        {"output_type": "display_data", "metadata": {"scrapbook": {"mime_prefix": record, "name": "line"}},
+        {"output_type": "display_data",
+         "metadata": {"scrapbook": {"mime_prefix": record, "name": "line"}},
          "data": {record + "image/png": NOT_THIS_PICTURE, record + "text/plain": FIGURE_TEXT}},
         {"output_type": "display_data", "metadata": {},
          "data": {"image/png": NOT_THIS_PICTURE, "text/plain": FIGURE_TEXT}},

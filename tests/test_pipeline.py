@@ -19,7 +19,7 @@ from minipar.config import PRESETS, ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer, cross_entropy_sum
 from minipar import profile
-from minipar.formulas.pipeline_parallel import split_layers
+from minipar.parallel.schedules import split_layers
 from minipar.parallel.pipeline import boundary_shape, build_stage_modules
 from minipar.parallel.schedules import Message, check_p2p_plan, inputs_of, outputs_of, p2p_plan
 from minipar.parallel.schedules import make_schedule, peak_in_flight

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from minipar import profile
-from minipar.formulas.pipeline_parallel import split_layers
+from minipar.parallel.schedules import split_layers
 from minipar.parallel.schedules import (Action, ScheduleError, Timeline, make_schedule,
                                         peak_in_flight, rank_and_chunk, simulate, stage_of,
                                         timeline_from_events)
@@ -270,7 +270,7 @@ def test_groups_smaller_than_the_pipeline_would_deadlock():
 # --------------------------------------------------------------------- measured traces, figures
 
 def _trace(tl: Timeline, offset: float):
-    return [dict(e.as_dict(), start=e.start + offset, end=e.end + offset) for e in tl.events]
+    return [dict(e._asdict(), start=e.start + offset, end=e.end + offset) for e in tl.events]
 
 
 def _profile_trace(tl: Timeline) -> dict:

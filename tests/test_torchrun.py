@@ -209,21 +209,21 @@ def test_heartbeats_name_a_silent_rank_at_once_and_a_rank_that_never_joined(monk
     timeout it ends the job. A rank that beats but never joined the collective its peer
     timed out in is named as that; a rank that is done (stop()) is not taken for hung."""
     import torch.distributed as dist
-    from minipar.heartbeat import StoreHeartbeat as Heartbeat
+    from minipar.heartbeat import StoreHeartbeat
     master = dist.TCPStore("127.0.0.1", free_port, is_master=True, wait_for_workers=False)  # noqa: F841
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port))
     fast = dict(period_s=0.1, silent_s=1.0, roll_call_s=0.5, collective_timeout_s=600)
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "beating")
-    beats = [Heartbeat(r, 2, **fast) for r in range(2)]
+    beats = [StoreHeartbeat(r, 2, **fast) for r in range(2)]
     timeout = RuntimeError("[gloo] Timed out waiting 600000ms for recv operation to complete")
     line = beats[0].explain(timeout).splitlines()[0]
     assert "timed out waiting for rank 1 on node" in line and "never joined" in line, line
     assert not beats[0].warnings
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "silent")
-    watcher, silent = Heartbeat(0, 2, **fast), Heartbeat(1, 2, **fast)
+    watcher, silent = StoreHeartbeat(0, 2, **fast), StoreHeartbeat(1, 2, **fast)
     hangs = []
     watcher.hang = lambda *a: hangs.append(a)      # instead of ending this process
     deadline = time.monotonic() + 60
@@ -246,7 +246,8 @@ def test_heartbeats_name_a_silent_rank_at_once_and_a_rank_that_never_joined(monk
     # a rank that is done says so (stop()): silent from then on, but not hung
     watcher.stop()
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "done")
-    watcher, done = Heartbeat(0, 2, **{**fast, "collective_timeout_s": 2.0}), Heartbeat(1, 2, **fast)
+    watcher = StoreHeartbeat(0, 2, **{**fast, "collective_timeout_s": 2.0})
+    done = StoreHeartbeat(1, 2, **fast)
     hangs = []
     watcher.hang = lambda *a: hangs.append(a)
     while watcher.store.add("beat/1", 0) < 3:

@@ -2,11 +2,16 @@
 
 - ``{n}`chapter.key` `` writes a number of `minipar.teach.numbers` (and, for a fact about
   Llama 3, a mark saying whether the paper reports it, the book derives it, or it is an
-  assumption). ``{ev}`paper` `` marks a statement that is not a number the same way.
-  An unknown key is a build error: `make book` runs with warnings as errors.
+  assumption; its tooltip names the source: the paper's table or section, or how the book
+  derived it). ``{ev}`paper` `` marks a statement that is not a number the same way
+  (``{ev}`paper: Section 3.3.4` `` names the source). An unknown key is a build error:
+  `make book` runs with warnings as errors.
 - ``{mpfig}`` draws a figure with a function of `minipar.teach.figures` when the page is
   read, so the picture on a chapter's page is the one the tests' functions produce (an
-  explorer's static figure is named from teach: `explorers.memory.figure`):
+  explorer's static figure is named from teach: `explorers.memory.figure`). The figure is
+  drawn for the page's column (`minipar.teach.style.PAGE_WIDTH`; tests/test_book.py checks
+  the size of its text as shown), and its alt text is the caption's first sentence (or
+  `:alt:`), in words:
 
       ```{mpfig} collectives.plot_ring_steps
       :kwargs: n=4
@@ -16,6 +21,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from docutils import nodes
@@ -23,15 +29,25 @@ from docutils.parsers.rst import directives
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from reading import first_sentence     # book/_ext/reading.py: the alt text of a figure
+
 logger = logging.getLogger(__name__)
 GENERATED = "book/_generated"      # under the source dir (git-ignored): Sphinx copies from here
 
 
-def _mark(evidence: str) -> nodes.Node:
+PAPER = "the Llama 3 paper (Dubey et al. 2024)"
+
+
+def _mark(evidence: str, source: str = "") -> nodes.Node:
+    """A P, D or A after a fact; its tooltip says what the letter means and the source."""
     from minipar.teach.numbers import EVIDENCE
     letter = {"paper": "P", "derived": "D", "assumption": "A"}[evidence]
+    meaning = EVIDENCE[evidence]
+    if evidence != "assumption":        # name the paper where the meaning cites it
+        meaning = re.sub(r"the (Llama 3 )?paper", PAPER, meaning, count=1)
+    tip = f"{letter}: {meaning}" + (f"; source: {source}" if source else "")
     mark = nodes.superscript(classes=["evidence", f"evidence-{evidence}"])
-    mark += nodes.abbreviation(letter, letter, explanation=EVIDENCE[evidence])
+    mark += nodes.abbreviation(letter, letter, explanation=tip)
     return mark
 
 
@@ -44,19 +60,23 @@ def number_role(name, rawtext, text, lineno, inliner, options=None, content=()):
                                      line=lineno)
         return [inliner.problematic(rawtext, rawtext, msg)], [msg]
     number = numbers[key]
-    out = [nodes.inline(number.text(), number.text(), classes=["number"])]
-    if number.evidence:
-        out.append(_mark(number.evidence))
-    return out, []
+    out = nodes.inline(number.text(), number.text(), classes=["number"])
+    if not number.evidence:
+        return [out], []
+    fact = nodes.inline(classes=["fact"])    # the number and its mark on one line
+    fact += [out, _mark(number.evidence, number.source)]
+    return [fact], []
 
 
 def evidence_role(name, rawtext, text, lineno, inliner, options=None, content=()):
+    """{ev}`paper`, or with its source: {ev}`paper: Table 5`."""
     from minipar.teach.numbers import EVIDENCE
-    if text.strip() not in EVIDENCE:
+    evidence, _, source = (part.strip() for part in text.partition(":"))
+    if evidence not in EVIDENCE:
         msg = inliner.reporter.error(f"{{ev}}: {text!r} is not one of {sorted(EVIDENCE)}",
                                      line=lineno)
         return [inliner.problematic(rawtext, rawtext, msg)], [msg]
-    return [_mark(text.strip())], []
+    return [_mark(evidence, source)], []
 
 
 def _kwargs(text: str) -> dict:
@@ -65,45 +85,59 @@ def _kwargs(text: str) -> dict:
     return eval(f"dict({text})", {"__builtins__": {}}, names) if text else {}
 
 
+# Pixels per inch of a drawn figure: one PAGE_WIDTH (7 in) wide is 910 px, shown in the
+# 672 px column at 1.35x less, so 7 pt text reads at 9 px; a click opens it full size.
+DPI = 130
+
+
+def _function(target: str):
+    """The module and the function "<module>.<function>" names: a module of
+    `minipar.teach.figures`, or of `minipar.teach` for "explorers.x" and "widgets"."""
+    import importlib
+    module, _, func = target.rpartition(".")
+    package = "minipar.teach" if module.split(".")[0] in ("explorers", "widgets") \
+        else "minipar.teach.figures"
+    module = importlib.import_module(f"{package}.{module}")
+    return module, getattr(module, func)
+
+
+def draw(target: str, kwargs: dict):
+    """The figure the function `target` names returns (or draws) for `kwargs`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fn = _function(target)[1]
+    plt.close("all")
+    result = fn(**kwargs)
+    return getattr(result, "figure", None) or (result if hasattr(result, "savefig") else plt.gcf())
+
+
 class FigureFromCode(SphinxDirective):
     """Draw `minipar.teach.figures.<module>.<function>(**kwargs)` and show it as a figure."""
     required_arguments = 1
     has_content = True
     option_spec = {"kwargs": directives.unchanged, "name": directives.unchanged,
-                   "width": directives.unchanged}
+                   "alt": directives.unchanged}
 
     def run(self):
-        import importlib
-
-        import matplotlib
-        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         target = self.arguments[0]
-        module, _, func = target.rpartition(".")
-        # "explorers.x.figure" and "widgets.f" name teach's modules; the rest are figures'
-        package = "minipar.teach" if module.split(".")[0] in ("explorers", "widgets") \
-            else "minipar.teach.figures"
-        module = f"{package}.{module}"
         try:
-            fn = getattr(importlib.import_module(module), func)
             kwargs = _kwargs(self.options.get("kwargs", ""))
+            fig = draw(target, kwargs)
         except Exception as e:   # noqa: BLE001 - any failure is the page's error
             raise self.error(f"mpfig {target}: {type(e).__name__}: {e}") from e
         digest = hashlib.sha1(f"{target}|{kwargs!r}".encode()).hexdigest()[:10]
-        path = Path(self.env.srcdir) / GENERATED / f"{func}-{digest}.png"
+        path = Path(self.env.srcdir) / GENERATED / f"{target.rpartition('.')[2]}-{digest}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
         plt.close("all")
-        result = fn(**kwargs)
-        fig = getattr(result, "figure", None) or (result if hasattr(result, "savefig") else plt.gcf())
-        fig.savefig(path, dpi=130, bbox_inches="tight")
-        plt.close("all")
-        self.env.note_dependency(importlib.import_module(module).__file__)
+        self.env.note_dependency(_function(target)[0].__file__)
 
         figure = nodes.figure(classes=["mpfig"])
-        image = nodes.image(uri=f"/{GENERATED}/{path.name}", alt=f"{target}({self.options.get('kwargs', '')})")
-        if "width" in self.options:
-            image["width"] = self.options["width"]
+        image = nodes.image(uri=f"/{GENERATED}/{path.name}", alt=self.options.get("alt", ""))
         figure += image
         if self.content:
             holder = nodes.Element()
@@ -112,8 +146,11 @@ class FigureFromCode(SphinxDirective):
             if isinstance(first, nodes.paragraph):
                 figure += nodes.caption(first.rawsource, "", *first.children)
                 figure += holder.children[1:]
+                image["alt"] = image["alt"] or first_sentence(first)
             else:
                 figure += holder.children
+        if not image["alt"]:
+            raise self.error(f"mpfig {target}: no caption and no :alt: to describe it in words")
         if "name" in self.options:
             figure["names"].append(self.options["name"])
             self.state.document.note_explicit_target(figure)

@@ -34,8 +34,10 @@ tensor), send S on the sender.
 """
 from __future__ import annotations
 
-from ..formulas.memory import activation_elements, local_param_count
-from ..formulas.pipeline_parallel import bubble_fraction, in_flight_microbatches, pp_bytes, rank_layers, stage_layer_counts
+from ..formulas.memory import activation_elements
+from ..flops import local_param_count
+from ..formulas.pipeline_parallel import bubble_fraction, in_flight_microbatches, pp_bytes
+from ..parallel.schedules import rank_layers, stage_layer_counts
 from ..formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
 from ..formulas.data_parallel import dp_bytes, zero_padded_numel
 from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_layer_bytes, tp_norm_bytes

@@ -9,6 +9,7 @@ can then break a rule, and the error names it.
 from __future__ import annotations
 
 from ..config import ModelConfig
+from .workload import END_STAGES
 
 # Llama 3's Table 4, row 1: what `python -m minipar.costmodel` predicts with no flags.
 TABLE4_LAYOUT = {"tp": 8, "cp": 1, "pp": 16, "dp": 64}
@@ -65,7 +66,7 @@ def default_schedule(pp: int, microbatches: int, n_layers: int, schedule: str | 
         notes.append(f"chose --schedule {schedule} ({why})")
     if virtual_stages is None:
         virtual_stages = 1
-        while schedule == "interleaved" and pp > 1 and virtual_stages < 8 and pp * virtual_stages * 2 <= n_layers + 2:
+        while schedule == "interleaved" and pp > 1 and virtual_stages < 8 and pp * virtual_stages * 2 <= n_layers + END_STAGES:
             virtual_stages *= 2
         if schedule == "interleaved" and pp > 1:
             notes.append(f"chose --virtual-stages {virtual_stages} (up to 8 chunks per rank, "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
 from ..formulas.context_parallel import cp_hops, cp_kv_bytes, cp_layer_bytes, ulysses_kv_heads
-from ..formulas.memory import local_param_count
+from ..flops import local_param_count
 from ..formulas.tensor_parallel import tp_layer_bytes
 from ..formulas.collectives import wire_bytes
 from .constants import BF16_MIXED, Efficiency, Precision

@@ -17,8 +17,10 @@ Two accountings of activations, one per precision, because they describe two pro
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
-from ..formulas.memory import activation_elements, embedding_saved_bytes, head_saved_bytes, layer_saved_elements, local_param_count, rope_saved_elements, weight_pass_kept_elements
-from ..formulas.pipeline_parallel import in_flight_chunks, rank_layers, stage_layer_counts
+from ..formulas.memory import activation_elements, embedding_saved_bytes, head_saved_bytes, layer_saved_elements, rope_saved_elements, weight_pass_kept_elements
+from ..flops import local_param_count
+from ..formulas.pipeline_parallel import in_flight_chunks
+from ..parallel.schedules import rank_layers, stage_layer_counts
 from ..formulas.data_parallel import zero_shards
 from .constants import BF16_MIXED, FP32, Precision
 from .workload import Workload

@@ -14,6 +14,7 @@ from .constants import (BF16_MIXED, LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS,
                         Efficiency, Precision)
 from .hardware import LLAMA3_CLUSTER, Cluster
 from .time import Estimate, estimate
+from .workload import END_STAGES
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -27,7 +28,8 @@ def _chunk_counts(schedule: str, pp: int, n_layers: int) -> list[int]:
         return [1]
     if pp == 1:
         return []
-    return [v for v in _powers_of_two(n_layers + 2) if v > 1 and pp * v <= n_layers + 2]
+    most = n_layers + END_STAGES
+    return [v for v in _powers_of_two(most) if v > 1 and pp * v <= most]
 
 
 def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: int = 8192,

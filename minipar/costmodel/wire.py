@@ -10,8 +10,9 @@ from __future__ import annotations
 from ..config import ModelConfig, ParallelConfig
 from ..formulas.context_parallel import cp_wire_bytes_per_step
 from ..formulas.data_parallel import dp_bytes
-from ..formulas.memory import local_param_count
-from ..formulas.pipeline_parallel import pp_bytes, rank_layers
+from ..flops import local_param_count
+from ..formulas.pipeline_parallel import pp_bytes
+from ..parallel.schedules import rank_layers
 from ..formulas.tensor_parallel import tp_wire_bytes_per_step
 from .constants import BF16_MIXED, Precision
 from .workload import Workload

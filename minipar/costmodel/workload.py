@@ -68,7 +68,7 @@ def workload_problems(parallel: ParallelConfig, work: Workload) -> list[str]:
     return out
 
 
-# Llama 3 puts the embedding and the head in stages of their own (`formulas.stage_split`):
+# Llama 3 puts the embedding and the head in stages of their own (`parallel.schedules.stage_split`):
 # up to n_layers + 2 pipeline stages, where the trainer's split needs a layer in each.
 END_STAGES = 2
 

@@ -5,21 +5,6 @@ Chapter "Memory: where every byte goes". Torch-free, like every file of `minipar
 from __future__ import annotations
 
 from ..config import ModelConfig
-from ..flops import layer_param_count
-
-
-def local_param_count(model: ModelConfig, tp: int, layers: int, first: bool, last: bool) -> int:
-    """Parameters one GPU holds: `layers` blocks sharded over tp (norm gains replicated), plus
-    the vocab-parallel embedding on the first stage, the final norm and head on the last."""
-    h = model.dim
-    block = (layer_param_count(model) - 2 * h) // tp + 2 * h
-    table = model.vocab_size * h // tp
-    n = layers * block
-    if first:
-        n += table
-    if last:
-        n += h + (0 if model.tie_embeddings and first else table)
-    return n
 
 
 # What minipar's eager PyTorch code saves for the backward, tensor by tensor (chapter

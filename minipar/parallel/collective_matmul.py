@@ -197,8 +197,7 @@ class CollectiveColumnParallelLinear(nn.Module):
         self.axis, self.weight, self.bias = axis, col.weight, col.bias
 
     def forward(self, x):
-        (y,) = AllGatherLinears([self], self.axis)(x)
-        return y
+        return AllGatherLinears([self], self.axis)(x)[0]
 
 
 class CollectiveRowParallelLinear(nn.Module):

@@ -33,7 +33,6 @@ import math
 import torch
 
 from .. import comm
-from ..comm import Axis
 from ..config import ConfigError, unknown
 from . import regions
 from ..model import causal_attention
@@ -59,7 +58,7 @@ def local_positions(seq_len: int, rank: int, cp: int, layout=zigzag_chunks) -> t
     return torch.cat([torch.arange(i * c, (i + 1) * c) for i in layout(rank, cp)])
 
 
-def shard_for_context_parallel(x: torch.Tensor, y: torch.Tensor, cp_axis: Axis):
+def shard_for_context_parallel(x: torch.Tensor, y: torch.Tensor, cp_axis: comm.Axis):
     """This CP rank's tokens x, targets y ([b, s] -> [b, s/cp]) and their positions.
 
     A pure function of (x, y, rank, size): every pipeline stage can recompute it. Targets
@@ -69,7 +68,7 @@ def shard_for_context_parallel(x: torch.Tensor, y: torch.Tensor, cp_axis: Axis):
     return x[:, pos], y[:, pos], pos
 
 
-def shard_sequence(x: torch.Tensor, y: torch.Tensor, cp_axis: Axis):
+def shard_sequence(x: torch.Tensor, y: torch.Tensor, cp_axis: comm.Axis):
     """Inputs, targets and positions of the tokens this rank computes: under CP its
     (load-balanced) chunks; otherwise the whole sequence at positions 0..s-1."""
     if cp_axis.size > 1:
@@ -87,13 +86,9 @@ def ring_steps(rank: int, cp: int, layout=zigzag_chunks):
     Returns [(source_rank, [(q_slot, k_slot, diagonal), ...]) for t in range(cp)].
     """
     mine = layout(rank, cp)
-    steps = []
-    for t in range(cp):
-        src = (rank - t) % cp
-        pairs = [(a, b, qc == kc) for a, qc in enumerate(mine)
-                 for b, kc in enumerate(layout(src, cp)) if kc <= qc]
-        steps.append((src, pairs))
-    return steps
+    return [(src, [(a, b, qc == kc) for a, qc in enumerate(mine)
+                   for b, kc in enumerate(layout(src, cp)) if kc <= qc])
+            for src in [(rank - t) % cp for t in range(cp)]]
 
 
 def attention_work(seq_len: int, cp: int, layout=zigzag_chunks) -> list[int]:
@@ -111,6 +106,10 @@ def attention_work(seq_len: int, cp: int, layout=zigzag_chunks) -> list[int]:
 def _grouped(x: torch.Tensor, n_kv: int) -> torch.Tensor:
     b, s, h, d = x.shape
     return x.reshape(b, s, n_kv, h // n_kv, d)
+
+
+def _ungrouped(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return x.reshape(like.shape).to(like.dtype)
 
 
 def _scores(q, k, diagonal: bool, scale: float):
@@ -195,15 +194,9 @@ class OnlineSoftmax:
             dk[:, cols] += dk_.to(dk.dtype)
             dv[:, cols] += dv_.to(dv.dtype)
 
-    def output(self, like):
-        return self.out.reshape(like.shape).to(like.dtype)
-
-    def grad_q(self, like):
-        return self.dq.reshape(like.shape).to(like.dtype)
-
 
 # ============================================================ ring attention
-def _ring_pass(tensors, axis: Axis, wait: bool = True):
+def _ring_pass(tensors, axis: comm.Axis, wait: bool = True):
     """Send `tensors` to the next rank of the ring and receive the previous rank's.
 
     Sends and receives are posted in one batch (`comm.exchange_async`), so a ring of blocking
@@ -234,24 +227,22 @@ class _RingAttention(torch.autograd.Function):
         steps = ring_steps(axis.rank, axis.size, layout)
         k_cur, v_cur = k, v
         for t, (_, pairs) in enumerate(steps):
-            last = t == len(steps) - 1
-            if not last:    # the next block travels while this one is used
-                in_flight = _ring_pass([k_cur, v_cur], axis, wait=False)
+            # the next block travels while this one is used (none after the last step)
+            in_flight = _ring_pass([k_cur, v_cur], axis, wait=False) if t < len(steps) - 1 else None
             queries.attend(k_cur, v_cur, pairs)
-            if not last:
+            if in_flight is not None:
                 k_cur, v_cur = in_flight.wait()
         ctx.save_for_backward(q, k, v, queries.out, queries.lse)
         ctx.axis, ctx.layout = axis, layout
-        return queries.output(q)
+        return _ungrouped(queries.out, q)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        axis = ctx.axis
         queries = OnlineSoftmax(q, k.shape[2], out, lse)
         queries.start_backward(dout)
-        steps = ring_steps(axis.rank, axis.size, ctx.layout)
-        kv_in_flight = _ring_pass([k, v], axis, wait=False)   # step 1's block, already going
+        steps = ring_steps(ctx.axis.rank, ctx.axis.size, ctx.layout)
+        kv_in_flight = _ring_pass([k, v], ctx.axis, wait=False)   # step 1's block, already going
         # step 0, this rank's own block: its gradient stays here
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         queries.backprop(k, v, steps[0][1], dk, dv)
@@ -261,21 +252,21 @@ class _RingAttention(torch.autograd.Function):
         for t, (_, pairs) in enumerate(steps[1:], start=1):
             k_cur, v_cur = kv_in_flight.wait()
             if t < len(steps) - 1:       # the next block travels while this one is used
-                kv_in_flight = _ring_pass([k_cur, v_cur], axis, wait=False)
+                kv_in_flight = _ring_pass([k_cur, v_cur], ctx.axis, wait=False)
             dk_new, dv_new = torch.zeros_like(k), torch.zeros_like(v)
             queries.backprop(k_cur, v_cur, pairs, dk_new, dv_new)
             if acc_in_flight is not None:   # what earlier holders added, arrived meanwhile
                 dk_prev, dv_prev = acc_in_flight.wait()
                 dk_new, dv_new = dk_new + dk_prev, dv_new + dv_prev
-            dk_acc, dv_acc = dk_new, dv_new     # (the previous ones are sent: wait() returned)
-            acc_in_flight = _ring_pass([dk_acc, dv_acc], axis, wait=False)
+            # this block's sum so far travels on while the next block is computed
+            acc_in_flight = _ring_pass([dk_new, dv_new], ctx.axis, wait=False)
         # the last accumulators sent hold the next rank's block, complete: one hop home;
         # the one that arrived is mine
         dk_home, dv_home = acc_in_flight.wait()
-        return queries.grad_q(q), dk + dk_home, dv + dv_home, None, None
+        return _ungrouped(queries.dq, q), dk + dk_home, dv + dv_home, None, None
 
 
-def ring_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
+def ring_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
     """Causal attention for this rank's queries q [b, s_local, hq, d] against the whole
     sequence, whose K/V [b, s_local, hkv, d] blocks are spread over the ranks of `axis`."""
     if axis.size == 1:
@@ -296,7 +287,7 @@ class _GatheredAttention(torch.autograd.Function):
             queries.attend(k[:, src * n:(src + 1) * n], v[:, src * n:(src + 1) * n], pairs)
         ctx.save_for_backward(q, k, v, queries.out, queries.lse)
         ctx.rank, ctx.cp, ctx.layout = rank, cp, layout
-        return queries.output(q)
+        return _ungrouped(queries.out, q)
 
     @staticmethod
     def backward(ctx, dout):
@@ -307,10 +298,10 @@ class _GatheredAttention(torch.autograd.Function):
         for src, pairs in ring_steps(ctx.rank, ctx.cp, ctx.layout):
             blk = slice(src * n, (src + 1) * n)
             queries.backprop(k[:, blk], v[:, blk], pairs, dk[:, blk], dv[:, blk])
-        return queries.grad_q(q), dk, dv, None, None, None
+        return _ungrouped(queries.dq, q), dk, dv, None, None, None
 
 
-def allgather_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
+def allgather_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
     """Llama 3's context parallelism: all-gather K and V over the CP group, then attend.
 
     The gather's backward is a reduce-scatter: every rank's dK/dV for a block are summed on
@@ -324,7 +315,7 @@ def allgather_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
 
 
 # ============================================================ Ulysses (all-to-all over heads)
-def ulysses_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
+def ulysses_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
     """DeepSpeed-Ulysses: q [b, s/cp, hq, d], k, v [b, s/cp, hkv, d] (this rank's tokens,
     every head) become [b, s, h/cp, d] (every token, this rank's heads) by one all-to-all,
     attention runs as on one device, and the output goes back the same way.
@@ -350,7 +341,7 @@ def ulysses_attention(q, k, v, axis: Axis, layout=zigzag_chunks):
 CORES = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ulysses_attention}
 
 
-def apply_context_parallel(model, cp_axis: Axis, impl: str = "ring"):
+def apply_context_parallel(model, cp_axis: comm.Axis, impl: str = "ring"):
     """Make every attention layer of `model` context-parallel over `cp_axis`."""
     if impl not in CORES:
         raise ConfigError(unknown("--cp-impl", impl, CORES))

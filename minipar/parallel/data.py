@@ -26,7 +26,6 @@ import torch
 import torch.nn as nn
 
 from .. import comm, events
-from ..comm import Axis
 
 
 # ------------------------------------------------------------------------ buckets
@@ -64,19 +63,14 @@ def make_buckets(params: list[nn.Parameter], bucket_mb: float) -> list[list[nn.P
     The first bucket is at most 1 MB (as in DDP): the output layer's gradients arrive
     first, and a small bucket starts the communication while most of backward remains.
     bucket_mb = 0: one bucket per parameter (the naive version)."""
-    if bucket_mb == 0:
-        return [[p] for p in reversed(params)]
-    limit = min(bucket_mb, FIRST_BUCKET_MB) * 2**20
-    buckets, current, size = [], [], 0
+    buckets, size, limit = [[]], 0, min(bucket_mb, FIRST_BUCKET_MB) * 2**20
     for p in reversed(params):
-        current.append(p)
+        if buckets[-1] and size >= limit:       # this one is full: the next holds bucket_mb
+            buckets.append([])
+            size, limit = 0, bucket_mb * 2**20
+        buckets[-1].append(p)
         size += p.numel() * p.element_size()
-        if size >= limit:
-            buckets.append(current)
-            current, size, limit = [], 0, bucket_mb * 2**20
-    if current:
-        buckets.append(current)
-    return buckets
+    return buckets if params else []            # no parameters, no bucket
 
 
 class Shard(NamedTuple):
@@ -102,10 +96,10 @@ class DataParallel:
     # every rank of the group holds whole parameters and whole, equal gradients
     holds_replicas = True
 
-    def __init__(self, modules: list[nn.Module], axis: Axis, bucket_mb: float = 25.0):
+    def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0):
         self.axis, self.n, self.rank = axis, axis.size, axis.rank
         self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
-        self.bucket_mb = bucket_mb
+        self.naive = bucket_mb == 0    # no hooks: every collective launched after the backward
         self.sync = True
         # what completes the gradients after the reduction (`parallelize` assembles it: the
         # TP-partial gradients of norms under SP, a tied embedding's two copies)
@@ -115,11 +109,6 @@ class DataParallel:
         if not self.naive:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    @property
-    def naive(self) -> bool:
-        """No hooks: every collective is launched after the whole backward."""
-        return self.bucket_mb == 0
 
     def _make_buckets(self, modules, bucket_mb) -> list:
         # buckets never span two modules (pipeline chunks): each chunk's last backward
@@ -156,15 +145,11 @@ class DataParallel:
         with events.inside(bucket=self.buckets.index(b)):
             b.pending = comm.all_reduce(b.flat, self.axis, async_op=True)
 
-    def _wait(self, b) -> torch.Tensor | None:
-        """Wait for bucket b's collective, if one is in flight; return its result."""
-        if b.pending is None:
-            return None
+    def _finish(self, b: Bucket) -> torch.Tensor | None:
+        """Wait for bucket b's collective, if one is in flight; return its result (the
+        all-reduce sums into the bucket in place)."""
         handle, b.pending = b.pending, None
-        return handle.wait()
-
-    def _finish(self, b: Bucket):
-        self._wait(b)                   # the all-reduce sums into the bucket in place
+        return None if handle is None else handle.wait()
 
     def finish_backward(self):
         """After the last backward of the step: every gradient summed over the group, then

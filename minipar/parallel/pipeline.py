@@ -49,9 +49,9 @@ import torch.distributed as dist
 
 from .. import comm, events
 from ..comm import Axis
-from ..formulas.pipeline_parallel import split_layers
 from ..model import Transformer
-from .schedules import Action, Message, inputs_of, make_schedule, outputs_of, p2p_plan, stage_of
+from .schedules import (Action, Message, inputs_of, make_schedule, outputs_of, p2p_plan,
+                        split_layers, stage_of)
 from .tensor import mark_replica
 from .zero_bubble import SplitBackward
 
@@ -147,7 +147,7 @@ class _Pipeline:
         self.p, self.r, self.m = pcfg.pp, grid.pp.rank, len(micro)
         self.n_stages = self.p * len(chunks)
         self.stash: dict[tuple[int, int], Stashed] = {}   # (mb, chunk) in flight
-        self.received: dict[Message, comm.Handle] = {}
+        self.received: dict[Message, comm.Handle] = {}  # posted, not yet used
         self.outbox: dict[Message, torch.Tensor] = {}   # computed, not yet posted
         self.sent: list = []                            # (tensor, handle): alive until done
         self.loss = torch.zeros(())
@@ -161,79 +161,39 @@ class _Pipeline:
     def peer(self, stage: int) -> int:
         return self.grid.pp.global_rank(stage % self.p)
 
-    # -- p2p ----------------------------------------------------------------------------
-    def post_recv(self, msg: Message):
-        buf = torch.empty(self.shape(msg.microbatch), dtype=self.dtype, device=self.device)
-        self.received[msg] = comm.exchange_async(
-            recvs=[(buf, self.peer(msg.src_stage), msg.tag(self.m))])
-
-    def wait_for(self, msg: Message) -> torch.Tensor:
-        """Block until a posted receive has arrived (the Handle waits only once)."""
-        return self.received[msg].wait()[0]
-
-    def receive(self, msg: Message) -> torch.Tensor:
-        """The arrived tensor, taken out of the inbox."""
-        buf = self.wait_for(msg)
-        del self.received[msg]
-        return buf
-
-    def hold_for_send(self, msg: Message, t: torch.Tensor):
-        """Hold an output until the program posts its send; check the receiver's shape."""
-        t = t.detach().contiguous()
-        if tuple(t.shape) != self.shape(msg.microbatch):
-            raise RuntimeError(f"stage {msg.src_stage} sends {msg.kind} of shape {tuple(t.shape)},"
-                               f" but stage {msg.dst_stage} expects {self.shape(msg.microbatch)}"
-                               " (boundary_shape)")
-        self.outbox[msg] = t
-
-    def post_send(self, msg: Message):
-        t = self.outbox.pop(msg)
-        handle = comm.exchange_async(sends=[(t, self.peer(msg.dst_stage), msg.tag(self.m))])
-        self.sent.append((t, handle))
-
-    # -- the three actions ----------------------------------------------------------------
-    def forward(self, a: Action):
+    # -- the three actions: computation only; `compute` hands them their messages --------
+    def forward(self, a: Action, x: torch.Tensor | None = None) -> torch.Tensor:
+        """F on the activation `x` received from the stage before (the first stage reads the
+        tokens); return what goes on: the output, or on the last stage the loss."""
         s = a.stage(self.r, self.p)
-        x, y, pos = self.micro[a.microbatch]
+        tokens, y, pos = self.micro[a.microbatch]
         chunk = self.chunks[a.chunk]
-        if s > 0:
-            x = self.receive(Message("act", a.microbatch, s - 1)).requires_grad_()
         seen = {}
         # the first stage's "input" is the embedding's output (zero-bubble's B stops there)
         hook = chunk.embed_tokens.register_forward_hook(
             lambda mod, args, out: seen.setdefault("emb", out)) if s == 0 else None
-        out = chunk(x, pos)
+        out = chunk(tokens if s == 0 else x.requires_grad_(), pos)
         if hook is not None:
             hook.remove()
         if s == self.n_stages - 1:
             out = self.loss_fn(out, y) / self.n_tokens
             self.loss += out.detach()
         self.stash[(a.microbatch, a.chunk)] = Stashed(x if s > 0 else seen.get("emb"), out)
-        for msg in outputs_of(a, self.r, self.p, self.n_stages):
-            self.hold_for_send(msg, out)
+        return out
 
-    def backward(self, a: Action):
-        s = a.stage(self.r, self.p)
-        dout = None
-        if s < self.n_stages - 1:
-            dout = self.receive(Message("grad", a.microbatch, s + 1))
-        d_input = self.backward_pass.b(self, a, self.stash[(a.microbatch, a.chunk)], dout)
-        for msg in outputs_of(a, self.r, self.p, self.n_stages):
-            self.hold_for_send(msg, d_input)
+    def backward(self, a: Action, dout: torch.Tensor | None = None) -> torch.Tensor | None:
+        """B from the gradient `dout` received from the stage after (the last stage starts
+        from its loss); return the gradient w.r.t. the stage's input, to send back."""
+        return self.backward_pass.b(self, a, self.stash[(a.microbatch, a.chunk)], dout)
 
     def weight(self, a: Action):
         self.backward_pass.w(self, a)
 
     # -- one step -----------------------------------------------------------------------
     def run(self, program):
-        act = {"F": self.forward, "B": self.backward, "W": self.weight}
+        step = {"recv": self.post_recv, "compute": self.compute, "send": self.post_send}
         for kind, item in program:
-            if kind == "recv":
-                self.post_recv(item)
-            elif kind == "send":
-                self.post_send(item)
-            else:
-                self.record(item, act[item.kind])
+            step[kind](item)
         for _, handle in self.sent:
             handle.wait()
         if self.stash or self.received or self.outbox:
@@ -242,15 +202,33 @@ class _Pipeline:
                                f"{sorted(self.outbox)} unsent")
         return self.loss
 
-    def record(self, a: Action, fn):
+    def post_recv(self, msg: Message):
+        buf = torch.empty(self.shape(msg.microbatch), dtype=self.dtype, device=self.device)
+        self.received[msg] = comm.exchange_async(
+            recvs=[(buf, self.peer(msg.src_stage), msg.tag(self.m))])
+
+    def compute(self, a: Action):
+        """Run action `a`: hand it the messages it waits for, time it as a span, and keep
+        what it passes on in the outbox until the program posts the send."""
         # the wait for a message is idle time (the bubble), not part of the action
-        for msg in inputs_of(a, self.r, self.p, self.n_stages):
-            self.wait_for(msg)
+        inputs = [self.received.pop(msg).wait()[0]
+                  for msg in inputs_of(a, self.r, self.p, self.n_stages)]
         name = f"{a.kind} mb{a.microbatch}" + (f" c{a.chunk}" if len(self.chunks) > 1 else "")
         with events.span(name, kind=a.kind, microbatch=a.microbatch, chunk=a.chunk,
                          stage=a.stage(self.r, self.p)) as args:
-            fn(a)
+            out = {"F": self.forward, "B": self.backward, "W": self.weight}[a.kind](a, *inputs)
             args["in_flight"] = len(self.stash)     # (micro-batch, chunk) pairs still held
+        for msg in outputs_of(a, self.r, self.p, self.n_stages):
+            if tuple(out.shape) != self.shape(msg.microbatch):
+                raise RuntimeError(f"stage {msg.src_stage} sends {msg.kind} of shape "
+                                   f"{tuple(out.shape)}, but stage {msg.dst_stage} expects "
+                                   f"{self.shape(msg.microbatch)} (boundary_shape)")
+            self.outbox[msg] = out.detach().contiguous()
+
+    def post_send(self, msg: Message):
+        t = self.outbox.pop(msg)
+        handle = comm.exchange_async(sends=[(t, self.peer(msg.dst_stage), msg.tag(self.m))])
+        self.sent.append((t, handle))
 
 
 def pipeline_forward_backward(chunks, micro, loss_fn, n_tokens, dp, pcfg, grid):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from .. import comm
-from ..comm import Axis
 
 
 class _CopyToGroup(torch.autograd.Function):
@@ -36,8 +35,7 @@ class _CopyToGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        g = g.contiguous().clone()
-        return comm.all_reduce(g, ctx.axis), None
+        return comm.all_reduce(g.contiguous().clone(), ctx.axis), None
 
 
 class _ReduceFromGroup(torch.autograd.Function):
@@ -95,21 +93,21 @@ class _AllToAll(torch.autograd.Function):
         return comm.all_to_all(g, ctx.axis, concat_dim, split_dim), None, None, None
 
 
-def copy_to_group(x, axis: Axis):
+def copy_to_group(x, axis: comm.Axis):
     return x if axis.size == 1 else _CopyToGroup.apply(x, axis)
 
 
-def reduce_from_group(x, axis: Axis):
+def reduce_from_group(x, axis: comm.Axis):
     return x if axis.size == 1 else _ReduceFromGroup.apply(x, axis)
 
 
-def gather_from_group(x, axis: Axis, dim: int):
+def gather_from_group(x, axis: comm.Axis, dim: int):
     return x if axis.size == 1 else _GatherFromGroup.apply(x, axis, dim)
 
 
-def reduce_scatter_to_group(x, axis: Axis, dim: int):
+def reduce_scatter_to_group(x, axis: comm.Axis, dim: int):
     return x if axis.size == 1 else _ReduceScatterToGroup.apply(x, axis, dim)
 
 
-def all_to_all(x, axis: Axis, split_dim: int, concat_dim: int):
+def all_to_all(x, axis: comm.Axis, split_dim: int, concat_dim: int):
     return x if axis.size == 1 else _AllToAll.apply(x, axis, split_dim, concat_dim)

@@ -17,14 +17,15 @@ Vocabulary (the field's, as in Megatron-LM and the zero-bubble paper):
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from collections import Counter
-from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..config import ConfigError, positive, schedule_problems
+from ..config import ConfigError, ModelConfig, positive, schedule_problems
 
-# The chapter's closed forms (the bubble of each schedule, the stage split) are in
-# `minipar.formulas.pipeline_parallel`, with the other chapters' formulas.
+# The chapter's closed forms (the bubble of each schedule, the bytes, what is in flight) are
+# in `minipar.formulas.pipeline_parallel`, with the other chapters' formulas.
 
 
 class ScheduleError(ValueError):
@@ -62,6 +63,65 @@ def rank_and_chunk(stage: int, n_stages: int) -> tuple[int, int]:
     return stage % n_stages, stage // n_stages
 
 
+# --------------------------------------------------------------------------- the stage split
+def split_layers(n_layers: int, n_stages: int, first_last_lighter: int = 0) -> list[range]:
+    """Contiguous, balanced layer ranges, one per global stage (p*v of them with chunks).
+
+    Sizes differ by at most one, the larger ones first. With `first_last_lighter=k` the
+    first and the last stage get k layers fewer than a balanced split of n_layers + 2k
+    (whose larger parts then go to middle stages): Llama 3's trick, since the embedding and
+    the output head + loss live there and cost about a layer each. Llama 3 405B took one
+    layer off each end; 126 layers on PP 16 with V 8 (126 + 2 = 128 = 16 x 8) leaves the
+    first and last stage no transformer layer at all (only embedding, only head), as the
+    paper describes its first and last model chunks.
+    """
+    # (n_stages >= 1 is the layout's rule "positive"; below it, divmod fails loudly.)
+    if first_last_lighter < 0:
+        raise ConfigError(f"first_last_lighter={first_last_lighter} must be >= 0")
+    k = first_last_lighter if n_stages > 2 else 0   # <= 2 stages: each is an end, no shift
+    if k == 0 and n_layers < n_stages:
+        raise ConfigError(f"n_layers={n_layers} is fewer than the {n_stages} pipeline stages "
+                          f"(--pp x --virtual-stages): every stage needs at least one layer")
+    q, extra = divmod(n_layers + 2 * k, n_stages)
+    sizes = [q] * n_stages
+    order = [*range(1, n_stages - 1), 0, n_stages - 1] if k else list(range(n_stages))
+    for i in order[:extra]:
+        sizes[i] += 1
+    sizes[0] -= k
+    sizes[-1] -= k
+    if min(sizes[1:-1], default=1) < 1 or min(sizes) < 0:
+        raise ConfigError(f"n_layers={n_layers} on {n_stages} stages (--pp x --virtual-stages) "
+                          f"with first_last_lighter={k}: every middle stage needs a layer and "
+                          f"the first and last stage cannot drop below zero")
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def stage_split(n_layers: int, n_stages: int) -> list[range]:
+    """The cost model's split: `split_layers`, balanced while every stage can hold a layer;
+    with one or two stages more than layers, Llama 3's (`first_last_lighter=1`): the first
+    stage holds only the embedding, the last only the head and loss (405B: 126 layers on
+    16 x 8 = 128 stages, one layer each in between)."""
+    return split_layers(n_layers, n_stages, 1 if n_stages > n_layers else 0)
+
+
+def stage_layer_counts(n_layers: int, n_stages: int) -> list[int]:
+    """Transformer layers of each global pipeline stage (pp * virtual_stages of them)."""
+    return list(_stage_layer_counts(n_layers, n_stages))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_layer_counts(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    # remembered: the planner asks for the same split tens of thousands of times
+    return tuple(len(r) for r in stage_split(n_layers, n_stages))
+
+
+def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, stage: int) -> int:
+    """Layers held by pipeline rank `stage` (its chunks are global stages c*pp + stage)."""
+    counts = stage_layer_counts(model.n_layers, pp * virtual_stages)
+    return sum(counts[c * pp + stage] for c in range(virtual_stages))
+
+
 # --------------------------------------------------------------------------- schedules
 
 def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int = 1,
@@ -94,8 +154,6 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int 
                               f"not {name!r}")
         return {"afab": _afab, "1f1b": _one_f_one_b, "zb": _zb_h1}[name](p, m)
     n = p if consecutive is None else consecutive
-    if n < 1:
-        raise ConfigError(f"consecutive={n} micro-batches per chunk must be a positive integer")
     if m % n:
         raise ConfigError(f"--schedule interleaved with {n} consecutive micro-batches needs "
                           f"--microbatches ({m}) to be a multiple of {n}")
@@ -259,17 +317,9 @@ def peak_in_flight(schedule: Schedule, release: str = "B") -> list[int]:
         raise ValueError(f"release={release!r}: choose 'B' or 'W'")
     if not any(a.kind == "W" for acts in schedule for a in acts):
         release = "B"                     # an unsplit B computes both gradients at once
-    out = []
-    for acts in schedule:
-        live = peak = 0
-        for a in acts:
-            if a.kind == "F":
-                live += 1
-                peak = max(peak, live)
-            elif a.kind == release:
-                live -= 1
-        out.append(peak)
-    return out
+    held = {"F": 1, release: -1}          # the running count: +1 at each F, -1 at each release
+    return [max(itertools.accumulate((held.get(a.kind, 0) for a in acts), initial=0))
+            for acts in schedule]
 
 
 # --------------------------------------------------------------------------- simulation
@@ -284,12 +334,8 @@ class Event(NamedTuple):
     start: float
     end: float
 
-    def as_dict(self) -> dict:
-        return self._asdict()
 
-
-@dataclass(frozen=True)
-class Timeline:
+class Timeline(NamedTuple):
     """Events of one step; the bubble is idle time over the area makespan x ranks."""
 
     events: list[Event]
@@ -297,13 +343,10 @@ class Timeline:
     makespan: float
 
     @property
-    def busy(self) -> float:
-        return sum(e.end - e.start for e in self.events)
-
-    @property
     def bubble_fraction(self) -> float:
         area = self.makespan * self.n_ranks
-        return (area - self.busy) / area if area > 0 else 0.0
+        busy = sum(e.end - e.start for e in self.events)
+        return (area - busy) / area if area > 0 else 0.0
 
 
 def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float = 0.0,
@@ -343,35 +386,31 @@ def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float 
                 events.append(Event(r, a.kind, a.microbatch, a.chunk, start, free[r]))
                 nxt[r] += 1
                 progress = True
-    if any(nxt[r] < len(acts) for r, acts in enumerate(schedule)):
-        raise ScheduleError("schedule deadlocks: " + _blocked(schedule, nxt, done, p, v))
+    if any(nxt[r] < len(acts) for r, acts in enumerate(plan)):
+        raise ScheduleError("schedule deadlocks: " + _blocked(plan, nxt, done, p))
     events.sort(key=lambda e: e.rank)                  # stable: each rank's list order
     return Timeline(events, p, max(free, default=0.0))
 
 
-def _blocked(schedule, nxt, done, p, v) -> str:
-    waits = []
-    for r, acts in enumerate(schedule):
-        if nxt[r] < len(acts):
-            a = acts[nxt[r]]
-            need = [f"{k}{mb} of stage {s} (rank {rank_and_chunk(s, p)[0]})"
-                    for k, mb, s in dependencies(a, r, p, v) if (k, mb, s) not in done]
-            waits.append(f"rank {r} is stuck at {a!r}, waiting for {', '.join(need)}")
-    return "; ".join(waits)
+def _blocked(plan, nxt, done, p) -> str:
+    """Why `simulate` stopped: each stuck rank's next action and what it still waits for."""
+    stuck = [(r, *plan[r][i]) for r, i in enumerate(nxt) if i < len(plan[r])]
+    return "; ".join(f"rank {r} is stuck at {a!r}, waiting for " + ", ".join(
+        f"{k}{mb} of stage {s} (rank {rank_and_chunk(s, p)[0]})"
+        for (k, mb, s), _ in deps if (k, mb, s) not in done) for r, a, _, deps in stuck)
 
 
 def timeline_from_events(events) -> Timeline:
     """A `Timeline` from measured events (dicts with rank, kind, microbatch, chunk, start,
-    end in seconds, as the executor's --trace writes them); time 0 is the earliest start."""
-    evs = [e if isinstance(e, Event) else
-           Event(int(e["rank"]), str(e["kind"]), int(e["microbatch"]), int(e.get("chunk", 0)),
-                 float(e["start"]), float(e["end"])) for e in events]
-    if not evs:
-        return Timeline([], 0, 0.0)
-    t0 = min(e.start for e in evs)
-    evs = sorted((Event(e.rank, e.kind, e.microbatch, e.chunk, e.start - t0, e.end - t0)
-                  for e in evs), key=lambda e: (e.rank, e.start, e.end))
-    return Timeline(evs, 1 + max(e.rank for e in evs), max(e.end for e in evs))
+    end in seconds, as `profile.pipeline_events` reads them from a --profile trace); time 0
+    is the earliest start."""
+    events = list(events)
+    t0 = min((float(e["start"]) for e in events), default=0.0)
+    evs = sorted((Event(int(e["rank"]), str(e["kind"]), int(e["microbatch"]),
+                        int(e.get("chunk", 0)), float(e["start"]) - t0, float(e["end"]) - t0)
+                  for e in events), key=lambda e: (e.rank, e.start, e.end))
+    return Timeline(evs, 1 + max((e.rank for e in evs), default=-1),
+                    max((e.end for e in evs), default=0.0))
 
 
 # --------------------------------------------------------------------------- the p2p plan
@@ -391,24 +430,24 @@ class Message(NamedTuple):
         return 2 * (self.src_stage * n_microbatches + self.microbatch) + (self.kind == "grad")
 
 
+# What each kind of action passes on, and which way: F its output activation to the next
+# stage, B the gradient w.r.t. its input to the previous one; W nothing.
+_PASSES = {"F": ("act", 1), "B": ("grad", -1)}
+
+
 def inputs_of(a: Action, rank: int, p: int, n_stages: int) -> list[Message]:
-    """Messages action `a` on `rank` must receive before it can run."""
-    s = a.stage(rank, p)
-    if a.kind == "F" and s > 0:
-        return [Message("act", a.microbatch, s - 1)]
-    if a.kind == "B" and s < n_stages - 1:
-        return [Message("grad", a.microbatch, s + 1)]
-    return []
+    """Messages action `a` on `rank` must receive before it can run: what the same kind of
+    action passed on from the neighbouring stage (F from the one before, B the one after)."""
+    kind, step = _PASSES.get(a.kind, (None, 0))
+    src = a.stage(rank, p) - step
+    return [Message(kind, a.microbatch, src)] if step and 0 <= src < n_stages else []
 
 
 def outputs_of(a: Action, rank: int, p: int, n_stages: int) -> list[Message]:
     """Messages action `a` on `rank` sends when it is done."""
-    s = a.stage(rank, p)
-    if a.kind == "F" and s < n_stages - 1:
-        return [Message("act", a.microbatch, s)]
-    if a.kind == "B" and s > 0:
-        return [Message("grad", a.microbatch, s)]
-    return []
+    kind, step = _PASSES.get(a.kind, (None, 0))
+    msg = Message(kind, a.microbatch, a.stage(rank, p))
+    return [msg] if step and 0 <= msg.dst_stage < n_stages else []
 
 
 def p2p_plan(schedule) -> list[list[tuple[str, object]]]:
@@ -422,12 +461,12 @@ def p2p_plan(schedule) -> list[list[tuple[str, object]]]:
     after the computation that produced it.
     """
     p = len(schedule)
-    n_stages = p * (1 + max(a.chunk for acts in schedule for a in acts))
+    n_stages = p * _n_chunks(schedule)
     when = {(e.rank, e.kind, e.microbatch, e.chunk): (e.start, e.end)
             for e in simulate(schedule, 1.0, 1.0, 1.0).events}
 
     def produced(msg: Message) -> float:
-        rank, chunk = msg.src_stage % p, msg.src_stage // p
+        rank, chunk = rank_and_chunk(msg.src_stage, p)
         return when[(rank, "F" if msg.kind == "act" else "B", msg.microbatch, chunk)][1]
 
     plan = []
@@ -447,27 +486,23 @@ def check_p2p_plan(plan) -> None:
     strictest transport, a rendezvous) and raise `RuntimeError` if it cannot finish.
     It also proves each pair of ranks posts its messages to each other in the same order."""
     p = len(plan)
-    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for prog in plan
-                       for kind, m in prog if kind != "compute")
-    where = lambda s: s % p                          # noqa: E731 - the rank of a global stage
+    posts = [[step for step in prog if step[0] != "compute"] for prog in plan]  # never block
+    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for prog in posts for _, m in prog)
     pos = [0] * p
     while True:
         moved = False
         for r in range(p):
-            while pos[r] < len(plan[r]) and plan[r][pos[r]][0] == "compute":
-                pos[r] += 1
-                moved = True
-            if pos[r] == len(plan[r]):
+            if pos[r] == len(posts[r]):
                 continue
-            kind, msg = plan[r][pos[r]]
-            peer = where(msg.dst_stage if kind == "send" else msg.src_stage)
+            kind, msg = posts[r][pos[r]]
+            peer = rank_and_chunk(msg.dst_stage if kind == "send" else msg.src_stage, p)[0]
             partner = ("recv" if kind == "send" else "send", msg)
-            if pos[peer] < len(plan[peer]) and plan[peer][pos[peer]] == partner:
+            if pos[peer] < len(posts[peer]) and posts[peer][pos[peer]] == partner:
                 pos[r] += 1
                 pos[peer] += 1
                 moved = True
-        if all(pos[r] == len(plan[r]) for r in range(p)):
+        if all(pos[r] == len(posts[r]) for r in range(p)):
             return
         if not moved:
-            stuck = [f"rank {r} at {plan[r][pos[r]]}" for r in range(p) if pos[r] < len(plan[r])]
+            stuck = [f"rank {r} at {posts[r][pos[r]]}" for r in range(p) if pos[r] < len(posts[r])]
             raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(stuck))

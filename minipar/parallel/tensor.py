@@ -88,23 +88,17 @@ def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
     return p
 
 
-def sum_grad_over_tp(p: nn.Parameter, axis: Axis) -> nn.Parameter:
-    """Under SP a replicated weight (a norm's, a row-parallel bias) meets only this rank's
-    tokens, so its gradient is a partial sum. Mark it so: `sum_partial_grads` adds the
-    other ranks' parts once per step."""
-    p._partial_over = axis
-    return p
-
-
 def replica_over_tp(p: nn.Parameter, axis: Axis, sp: bool) -> nn.Parameter:
-    """A weight every TP rank holds whole (a norm's, a row-parallel bias): counted once,
-    and under SP its gradient is a partial sum."""
-    mark_replica(p, "tp")
-    return sum_grad_over_tp(p, axis) if sp else p
+    """A weight every TP rank holds whole (a norm's, a row-parallel bias): counted once.
+    Under SP it meets only this rank's tokens, so its gradient is a partial sum: marked
+    (`_partial_over`), `sum_partial_grads` adds the other ranks' parts once per step."""
+    if sp:
+        p._partial_over = axis
+    return mark_replica(p, "tp")
 
 
 def sum_partial_grads(grads) -> None:
-    """Complete, in place, the gradients marked by `sum_grad_over_tp`, given as (gradient
+    """Complete, in place, the gradients marked by `replica_over_tp`, given as (gradient
     this rank holds, parameter) pairs: one all-reduce over TP of all of them, once per step.
 
     Called after the last micro-batch's backward and the data-parallel reduction: sums

@@ -23,7 +23,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm, events
-from ..comm import Axis
 from .data import DataParallel, Shard
 
 
@@ -49,17 +48,16 @@ class FlatShards:
         return min(rank * pk, k), min((rank + 1) * pk, k)
 
     def pack(self, tensors) -> torch.Tensor:
-        pieces = [[] for _ in range(self.n)]
-        for t, k, pk in zip(tensors, self.numels, self.piece_numels):
-            flat = F.pad(t.reshape(-1), (0, pk * self.n - k))
-            for r, piece in enumerate(flat.split(pk)):
-                pieces[r].append(piece)
-        return torch.cat([torch.cat(p) for p in pieces])
+        # each tensor padded and cut into n pieces, one row per rank: [n, piece]; side by
+        # side, [n, shard_size], row r is rank r's pieces of every tensor
+        rows = [F.pad(t.reshape(-1), (0, pk * self.n - k)).view(self.n, pk)
+                for t, k, pk in zip(tensors, self.numels, self.piece_numels)]
+        return torch.cat(rows, dim=1).reshape(-1)
 
     def unpack(self, packed: torch.Tensor) -> list[torch.Tensor]:
-        per_rank = [p.split(self.piece_numels) for p in packed.split(self.shard_size)]
-        return [torch.cat([per_rank[r][i] for r in range(self.n)])[:k].view(shape)
-                for i, (k, shape) in enumerate(zip(self.numels, self.shapes))]
+        columns = packed.view(self.n, self.shard_size).split(self.piece_numels, dim=1)
+        return [col.reshape(-1)[:k].view(shape)
+                for col, k, shape in zip(columns, self.numels, self.shapes)]
 
     def pad_pieces(self, pieces) -> torch.Tensor:
         """This rank's (unpadded) pieces -> its padded slot of the packed buffer."""
@@ -67,11 +65,8 @@ class FlatShards:
                           for x, pk in zip(pieces, self.piece_numels)])
 
     def unpad_pieces(self, slot: torch.Tensor, rank: int) -> list[torch.Tensor]:
-        out = []
-        for i, x in enumerate(slot.split(self.piece_numels)):
-            a, b = self.piece_range(i, rank)
-            out.append(x[:b - a])
-        return out
+        ranges = [self.piece_range(i, rank) for i in range(len(self.shapes))]
+        return [x[:b - a] for x, (a, b) in zip(slot.split(self.piece_numels), ranges)]
 
 
 class ShardedBucket:
@@ -95,12 +90,6 @@ class ShardedBucket:
         for p, x in zip(self.params, self.pieces):
             p.grad = x.grad = None
 
-    def add_piece_grads(self, mine: list[torch.Tensor]):
-        """Accumulate this rank's pieces of a reduce-scattered sum (one per micro-batch
-        under ZeRO-2)."""
-        for x, g in zip(self.pieces, mine):
-            x.grad = g if x.grad is None else x.grad + g
-
 
 # ------------------------------------------------------------------------ ZeRO-1
 class ZeRO1(DataParallel):
@@ -118,9 +107,10 @@ class ZeRO1(DataParallel):
             b.pending = comm.reduce_scatter(b.layout.pack(grads), self.axis, async_op=True)
 
     def _finish(self, b: ShardedBucket):
-        summed = self._wait(b)
+        summed = super()._finish(b)
         if summed is not None:      # my slot of the sum: my piece of every gradient
-            b.add_piece_grads(b.layout.unpad_pieces(summed, self.rank))
+            for x, g in zip(b.pieces, b.layout.unpad_pieces(summed, self.rank)):
+                x.grad = g if x.grad is None else x.grad + g    # ZeRO-2: every micro-batch
 
     def finish_backward(self):
         """After it, each piece's `.grad` is this rank's piece of the summed gradient
@@ -128,8 +118,7 @@ class ZeRO1(DataParallel):
         super().finish_backward()
         for b in self.buckets:
             for x in b.pieces:
-                if x.grad is None:
-                    x.grad = torch.zeros_like(x)
+                x.grad = torch.zeros_like(x) if x.grad is None else x.grad
 
     def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
         """(this rank's piece of the gradient, its parameter): each held by one rank only."""
@@ -146,13 +135,12 @@ class ZeRO1(DataParallel):
         start, stop = b.layout.piece_range(i, self.rank)
         return Shard(b.layout.shapes[i], start, stop, b.pieces[i], b.pieces[i])
 
-    @torch.no_grad()
     def after_optimizer_step(self):
         """Each rank updated its pieces in place; everyone needs the whole model again."""
         for b in self.buckets:
             packed = comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis)
             for p, full in zip(b.params, b.layout.unpack(packed)):
-                p.copy_(full)
+                p.data.copy_(full)
 
 
 # ------------------------------------------------------------------------ ZeRO-2
@@ -163,9 +151,9 @@ class ZeRO2(ZeRO1):
     # to a full gradient again.
     MAX_IN_FLIGHT = 2
 
-    def __init__(self, modules: list[nn.Module], axis: Axis, bucket_mb: float = 25.0):
-        self.in_flight: list[ShardedBucket] = []
-        super().__init__(modules, axis, bucket_mb)
+    def start_step(self):
+        super().start_step()
+        self.in_flight: list[ShardedBucket] = []    # launched, oldest first
 
     def set_last_microbatch(self, last: bool):
         """No full gradient is left to accumulate into over micro-batches: every
@@ -182,53 +170,55 @@ class ZeRO2(ZeRO1):
         while len(self.in_flight) > self.MAX_IN_FLIGHT:
             self._finish(self.in_flight.pop(0))
 
-    def finish_backward(self):
-        super().finish_backward()
-        self.in_flight.clear()
-
     def memory_bytes(self) -> dict[str, int]:
         return {**super().memory_bytes(),
                 "grads": comm.nbytes(*(x.grad for b in self.buckets for x in b.pieces))}
 
 
 # ------------------------------------------------------------------------ ZeRO-3
+def zero3_units(modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules ZeRO-3 gathers one at a time: the embedding, each block, norm, head (of
+    each pipeline chunk, those it holds)."""
+    return [u for m in modules for u in (m.embed_tokens, *m.layers.values(), m.norm, m.lm_head)
+            if u is not None]
+
+
 class ZeRO3(ZeRO2):
     """+ parameters sharded: a unit's weights exist only while it runs.
 
-    `units`: the modules whose weights are gathered together (each transformer block, the
-    embedding, final norm and head); each is one bucket.
+    Its units (`zero3_units`) are the modules whose weights are gathered together; each is
+    one bucket, whatever `bucket_mb` says, reduce-scattered as soon as its backward is done
+    (never naive).
     """
 
-    naive = False       # a unit is reduce-scattered as soon as its backward is done
-
-    def __init__(self, modules: list[nn.Module], axis: Axis, bucket_mb: float = 25.0,
-                 units: list[nn.Module] | None = None):
-        self.units = [u for u in (units or modules) if any(True for _ in u.parameters())]
-        super().__init__(modules, axis, bucket_mb)
-        self._link_neighbours(modules)
-        for b, u in zip(self.buckets, self.units):
+    def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0):
+        super().__init__(modules, axis, bucket_mb=None)     # units, not megabytes
+        for b in self.buckets:
+            # the pieces become the only copy: the full parameters exist only while a unit runs
+            b.pieces = [x.clone() for x in b.pieces]
             self._free_params(b)
+        for u in zero3_units(modules):
+            b = self.bucket_of[next(u.parameters())]   # a tied head: the embedding's bucket
             u.register_forward_pre_hook(lambda m, a, b=b: self._gather_unit(b, prefetch=b.next))
             u.register_forward_hook(lambda m, a, out, b=b: self._after_forward(b, out))
 
     def _make_buckets(self, modules, bucket_mb) -> list[ShardedBucket]:
-        return [self._bucket(list(u.parameters())) for u in self.units]
-
-    def _bucket(self, params: list[nn.Parameter]) -> ShardedBucket:
-        b = super()._bucket(params)
-        # the pieces become the only copy: the full parameters exist only while a unit runs
-        b.pieces = [x.clone() for x in b.pieces]
-        return b
-
-    def _link_neighbours(self, modules):
-        """Which unit runs next in forward (and so, previous in backward): the next in the
-        list, within the same module. A prefetch never crosses into another pipeline chunk,
-        whose turn may come much later."""
-        owner = [next(i for i, m in enumerate(modules) if any(u is x for x in m.modules()))
-                 for u in self.units]
-        for i in range(1, len(self.buckets)):
-            if owner[i - 1] == owner[i]:
-                self.buckets[i - 1].next, self.buckets[i].prev = self.buckets[i], self.buckets[i - 1]
+        """One bucket per unit, each linked to the unit that runs next in forward (and so,
+        previous in backward): the next in the list, within the same module. A prefetch
+        never crosses into another pipeline chunk, whose turn may come much later."""
+        buckets = []
+        for m in modules:
+            # a parameter belongs to the first unit that uses it: a head tied to the
+            # embedding of the same chunk gathers the embedding's bucket, it has none
+            seen, chunk = set(), []
+            for u in zero3_units([m]):
+                mine = [p for p in u.parameters() if id(p) not in seen]
+                seen.update(map(id, mine))
+                chunk += [self._bucket(mine)] if mine else []
+            for a, b in zip(chunk, chunk[1:]):
+                a.next, b.prev = b, a
+            buckets += chunk
+        return buckets
 
     # -- gathering and freeing ------------------------------------------------------------
     def _gathered(self, b: ShardedBucket) -> bool:
@@ -290,4 +280,4 @@ class ZeRO3(ZeRO2):
                 "params": comm.nbytes(*(x for b in self.buckets for x in b.pieces))}
 
 
-ZERO_STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}
+ZERO_STAGES = {0: DataParallel, 1: ZeRO1, 2: ZeRO2, 3: ZeRO3}

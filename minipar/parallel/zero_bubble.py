@@ -22,32 +22,27 @@ import torch.nn as nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 
-def _reaches(root, target) -> dict:
-    """For every graph node below `root`: does a path from it lead to `target`?"""
+def _children(node) -> list:
+    return [c for c, _ in node.next_functions if c is not None]
+
+
+def _below(root, target=None) -> dict:
+    """Every graph node under `root` (root included, children before parents), mapped to
+    whether a path from it leads to `target`."""
     memo, stack = {}, [(root, False)]
     while stack:                                  # iterative: graphs are deep
         node, children_done = stack.pop()
         if children_done:
-            memo[node] = node is target or any(memo.get(c, False) for c, _ in node.next_functions
-                                               if c is not None)
+            memo[node] = node is target or any(memo.get(c, False) for c in _children(node))
         elif node not in memo:
             stack.append((node, True))
-            stack += [(c, False) for c, _ in node.next_functions if c is not None and c not in memo]
+            stack += [(c, False) for c in _children(node) if c not in memo]
     return memo
 
 
 def _weights_below(node, weights: dict) -> list[nn.Parameter]:
-    found, seen, stack = [], {node}, [node]
-    while stack:
-        n = stack.pop()
-        var = getattr(n, "variable", None)           # an AccumulateGrad node: a leaf
-        if var is not None and id(var) in weights:
-            found.append(weights[id(var)])
-        for c, _ in n.next_functions:
-            if c is not None and c not in seen:
-                seen.add(c)
-                stack.append(c)
-    return found
+    leaves = (getattr(n, "variable", None) for n in _below(node))   # AccumulateGrad: a leaf
+    return [weights[id(var)] for var in leaves if var is not None and id(var) in weights]
 
 
 def backward_input(out, dout, boundary, weights):
@@ -57,11 +52,11 @@ def backward_input(out, dout, boundary, weights):
     path to weights leaves the path to the input, the gradient that reached it."""
     weights = {id(w): w for w in weights}
     root = get_gradient_edge(boundary).node
-    on_path = _reaches(out.grad_fn, root)
+    on_path = _below(out.grad_fn, root)
     branches = []
     for node, reaches_input in on_path.items():
         if reaches_input and node is not root:
-            below = [w for c, _ in node.next_functions if c is not None and not on_path.get(c)
+            below = [w for c in _children(node) if not on_path[c]
                      for w in _weights_below(c, weights)]
             if below:
                 branches.append((node, below))

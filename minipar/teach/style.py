@@ -33,6 +33,13 @@ COLORS = {
     "Host": GREEN, "Unknown": DARK_GREY,
 }
 
+# The page every figure is drawn for: the book's text column is 672 px at 1280 px, about
+# 7 inches at the screen's 96 px per inch. A figure PAGE_WIDTH wide is shown near its own
+# size, so its smallest text, SMALL points, reads at 9 px or more (tests/test_book.py
+# checks every figure of the book); a wider figure is shrunk and its text with it.
+PAGE_WIDTH = 7.0
+SMALL = 7
+
 AXES = ("tp", "cp", "pp", "dp")
 AXIS_NAMES = {"tp": "tensor (TP)", "cp": "context (CP)", "pp": "pipeline (PP)", "dp": "data (DP)"}
 MEMORY_PARTS = ("params", "grads", "optimizer")

@@ -17,7 +17,7 @@ from ..config import PRESETS, ConfigError, ModelConfig, ParallelConfig
 from ..costmodel import LLAMA3_CLUSTER, PRECISIONS, estimate
 from ..costmodel.memory import memory_of_rank
 from ..costmodel.workload import layout_problems, make_workload
-from .style import AXES, COLORS, INVALID, stacked_bars
+from .style import AXES, COLORS, INVALID, PAGE_WIDTH, stacked_bars
 
 
 # ---------------------------------------------------------------- controls, declared as data
@@ -134,7 +134,10 @@ def whatif_figure(model=None, cluster=None, **layout):
     cluster = cluster or LLAMA3_CLUSTER
     kw = {**WHATIF_DEFAULTS, **layout}
     e, problems = whatif_estimate(model, cluster, **kw)
-    fig, (ta, ma, ba) = plt.subplots(1, 3, figsize=(11, 3.4), gridspec_kw={"width_ratios": [3, 1.2, 2]})
+    fig = plt.figure(figsize=(PAGE_WIDTH, 5.6))       # the step's time, then memory and bytes
+    grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.4], height_ratios=[1, 1.5])
+    ta = fig.add_subplot(grid[0, :])
+    ma, ba = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     fig.suptitle(_whatif_title(kw), fontsize=9)
     if e is None:
         _draw_problems((ta, ma, ba), problems)
@@ -192,7 +195,7 @@ def _draw_memory(ma, e, hbm_gb: float):
     ma.set_ylim(0, max(hbm_gb, total) * 1.15)
     ma.set_title(f"{total:.0f} GB" + ("" if e.fits_memory else " (too big)"), fontsize=9,
                  color="black" if e.fits_memory else INVALID)
-    ma.legend(fontsize=6, loc="upper left")
+    ma.legend(fontsize=7, loc="upper left")
 
 
 def _draw_bytes(ba, e):
@@ -244,7 +247,7 @@ def fit_figure(**layout):
     pc = ParallelConfig(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=kw["dp"], zero=kw["zero"],
                         sp=kw["tp"] > 1, schedule=kw["schedule"], virtual_stages=v,
                         cp_impl=kw["cp_impl"], recompute=kw["recompute"])
-    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.4))
     fig.suptitle(f"{model.name}, {kw['precision']}: " + _whatif_title(kw), fontsize=8)
     try:
         work = make_workload(kw["seq_len"], kw["global_batch_tokens"], None,

@@ -6,7 +6,10 @@
 //     readable with no network, so any request not to 127.0.0.1 is a failure);
 //   - an image that did not load;
 //   - an internal link to a missing page, or to an anchor the page does not have;
-//   - math that MathJax did not typeset (or typeset as an error).
+//   - math that MathJax did not typeset (or typeset as an error);
+//   - a figure shown more than 1.5x smaller than it was drawn (its text would be too small
+//     to read: figures are drawn for the 672 px column, minipar.teach.style.PAGE_WIDTH);
+//   - a code or output block that scrolls sideways (folded cells opened first).
 // It saves a screenshot of each page's first screen under _build/screens/.
 //
 // Usage: node tests/html/check.mjs [_build/html] [_build/screens]
@@ -21,6 +24,7 @@ const ROOT = resolve(process.argv[2] ?? "_build/html");
 const SCREENS = resolve(process.argv[3] ?? join(ROOT, "..", "screens"));
 const BROWSER = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const PAGE_TIMEOUT_MS = 30_000;
+const MAX_SHRINK = 1.5;      // natural width / shown width of a figure
 
 // ---------------------------------------------------------------- a static file server
 
@@ -77,7 +81,17 @@ function inspectPage() {
   const images = Array.from(document.images).map((img) => ({
     src: img.currentSrc || img.src,
     loaded: img.complete && img.naturalWidth > 0,
+    // how much smaller than drawn the reader sees it (0: not shown, e.g. a folded output)
+    shrink: img.getBoundingClientRect().width > 0
+      ? img.naturalWidth / img.getBoundingClientRect().width : 0,
   }));
+  // Every code and output block, folded ones opened: none may scroll sideways.
+  const folded = Array.from(document.querySelectorAll("details:not([open])"));
+  folded.forEach((d) => { d.open = true; });
+  const scrolling = Array.from(document.querySelectorAll("article pre"))
+    .filter((pre) => pre.scrollWidth > pre.clientWidth + 1)
+    .map((pre) => pre.innerText.split("\n").reduce((a, b) => (b.length > a.length ? b : a), ""));
+  folded.forEach((d) => { d.open = false; });
   const links = Array.from(document.querySelectorAll("a[href]")).map((a) => a.href);
   const ids = Array.from(document.querySelectorAll("[id]")).map((el) => el.id);
   // Sphinx wraps every formula in .math; MathJax puts an mjx-container inside it.
@@ -96,7 +110,7 @@ function inspectPage() {
     .filter((el) => !el.closest("pre, code, .highlight, .output, .cell_output"))
     .map((el) => el.innerText).join("\n");
   const rawMath = prose.match(/\$[^$\n]*\\[a-zA-Z]+[^$\n]*\$|\\\(|\\\[/g) ?? [];
-  return { images, links, ids, mathCount: math.length, untypeset, mathErrors, rawMath,
+  return { images, scrolling, links, ids, mathCount: math.length, untypeset, mathErrors, rawMath,
            hasMathJax: typeof window.MathJax?.startup?.promise !== "undefined" };
 }
 
@@ -147,6 +161,10 @@ async function inspectInBrowser(tab, base, page, problems) {
 
   const seen = await tab.evaluate(inspectPage);
   for (const img of seen.images) if (!img.loaded) report(`broken image: ${img.src}`);
+  for (const img of seen.images) {
+    if (img.shrink > MAX_SHRINK) report(`figure shown ${img.shrink.toFixed(2)}x smaller than drawn: ${img.src}`);
+  }
+  for (const line of seen.scrolling) report(`block scrolls sideways at 1280 px: ${line.slice(0, 80)}`);
   if (seen.mathCount > 0 && !seen.hasMathJax) report("has math but MathJax did not load");
   for (const tex of seen.untypeset) report(`math not typeset: ${tex}`);
   for (const tex of seen.mathErrors) report(`math error: ${tex}`);

@@ -12,7 +12,7 @@ from functools import cache
 from ...config import ConfigError, ModelConfig, ParallelConfig
 from ...costmodel import estimate, gpu_cluster, plan
 from ...costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, memory_budget_gb
-from ...formulas.memory import local_param_count
+from ...flops import local_param_count
 from ...flops import param_count
 from ...grid import AXES, ProcessGrid
 from ...config import TrainConfig

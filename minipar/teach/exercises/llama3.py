@@ -13,7 +13,7 @@ from __future__ import annotations
 from ...config import ModelConfig, ParallelConfig, TrainConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
-from ...formulas.memory import local_param_count
+from ...flops import local_param_count
 from ...flops import param_count
 from ...grid import ProcessGrid
 from ...placement import straddling_replicas

@@ -81,8 +81,8 @@ def _wrap_blocks(model, recompute):
     for block in model.layers.values():
         forward = block.forward
 
-        def wrapped(x, cos, sin, cache=None, forward=forward):
-            return recompute(lambda h: forward(h, cos, sin, cache), x)
+        def wrapped(x, cos, sin, forward=forward):
+            return recompute(lambda h: forward(h, cos, sin), x)
         block.forward = wrapped
     return model
 

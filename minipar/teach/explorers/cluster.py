@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 from ...costmodel.hardware import Cluster
 from ...grid import AXES, ProcessGrid
 from ..figures.cluster import plot_grid_on_cluster
+from ..style import PAGE_WIDTH
 from ... import placement as place
 from ..widgets import choice, explorer
 
@@ -15,15 +16,16 @@ DRAWN = 128     # above this many ranks only the link counts are drawn, not ever
 
 
 def figure(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32):
-    """Left: the ring hops of each axis by the link they cross (NVLink, one rail, the spine,
-    between pods). Right, for up to 128 ranks: every rank on its server, the groups of
+    """Top: the ring hops of each axis by the link they cross (NVLink, one rail, the spine,
+    between pods). Below, for up to 128 ranks: every rank on its server, the groups of
     rank 0 coloured."""
     grid = ProcessGrid(tp, cp, pp, dp)
     cluster = Cluster(gpus_per_node=gpus_per_node, gpus_per_rack=2 * gpus_per_node,
                       pod_size=pod_size)
     small = grid.world_size <= DRAWN
-    fig = plt.figure(figsize=(11 if small else 5.5, 4.2))
-    ax = fig.add_subplot(1, 2 if small else 1, 1)
+    fig = plt.figure(figsize=(PAGE_WIDTH, 9 if small else 3.4))
+    rows = fig.add_gridspec(2 if small else 1, 1, height_ratios=[1, 2.2] if small else None)
+    ax = fig.add_subplot(rows[0])
     axes = [a for a in AXES if grid.sizes[a] > 1]
     hops = {a: place.ring_links(grid, a, cluster) for a in axes}
     bottom = [0.0] * len(axes)
@@ -39,7 +41,7 @@ def figure(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32):
     ax.legend(fontsize=7, loc="upper left")
     if small:
         plot_grid_on_cluster(tp, cp, pp, dp, gpus_per_node, 2 * gpus_per_node, pod_size,
-                             ax=fig.add_subplot(1, 2, 2))
+                             ax=fig.add_subplot(rows[1]))
     fig.tight_layout()
     return fig
 

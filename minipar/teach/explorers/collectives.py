@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...formulas.collectives import ALL_REDUCE_ALGORITHMS, all_reduce_cost
 from ..figures.collectives import plot_algorithms
+from ..style import PAGE_WIDTH
 from ..widgets import choice, explorer, log_slider, powers
 
 # a gradient bucket over Table 4 row 1's 64 replicas, on the cost model's network link
@@ -25,7 +26,9 @@ def figure(**values):
     kw = {**DEFAULTS, **values}
     n, size = kw["n"], kw["size_mb"] * 1e6
     alpha, bw = kw["alpha_us"] * 1e-6, kw["bandwidth_GBps"] * 1e9
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig = plt.figure(figsize=(PAGE_WIDTH, 6.2))       # two bar charts, the curves below
+    grid = fig.add_gridspec(2, 2)
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     plot_algorithms(n, size, alpha, bw, ax=axes[:2])
     sizes = [1e3 * 10 ** (k / 20) for k in range(141)]          # 1 kB to 10 GB
     for name in ALL_REDUCE_ALGORITHMS:
@@ -40,7 +43,7 @@ def figure(**values):
     axes[2].legend(fontsize=8)
     sent, t = all_reduce_cost(kw["algorithm"], n, size, alpha, bw)
     fig.suptitle(f"{kw['algorithm']} all-reduce of {kw['size_mb']:g} MB over n = {n}: "
-                 f"{sent / 1e6:.3g} MB sent by the busiest rank, {t * 1e3:.3g} ms "
+                 f"{sent / 1e6:.3g} MB sent by the busiest rank,\n{t * 1e3:.3g} ms "
                  f"(alpha {kw['alpha_us']:g} us, B {kw['bandwidth_GBps']:g} GB/s)", fontsize=9)
     fig.tight_layout()
     return fig

@@ -15,7 +15,7 @@ from ...config import ModelConfig
 from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.context import attention_work
 from ..figures.context_parallel import CP_LAYOUTS, plot_cp_layout
-from ..style import COLORS, INVALID, log2_ticks
+from ..style import COLORS, INVALID, PAGE_WIDTH, log2_ticks
 from ..widgets import choice, explorer, powers, steps
 
 IMPLS = ("ring", "allgather", "ulysses")
@@ -66,12 +66,14 @@ def figure(**values):
     both layouts, and each implementation's bytes per rank against cp. Pure."""
     kw = {**DEFAULTS, **values}
     model = ModelConfig.preset(kw["model"])
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1, 1.2, 1.3]})
+    fig = plt.figure(figsize=(PAGE_WIDTH, 6.6))       # layout and work above, bytes below
+    grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.2])
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     plot_cp_layout(min(kw["cp"], 8), kw["layout"], axes[0])
     _draw_work(axes[1], kw)
     _draw_bytes(axes[2], kw, model)
     title = (f"{model.name}, TP{kw['tp']}, CP{kw['cp']} {kw['impl']}, {kw['layout']} layout, "
-             f"{kw['seq_len']:,} tokens")
+             f"{kw['seq_len']:,} tokens\n")
     if kw["seq_len"] % (2 * kw["cp"]):
         title += f": refused, {kw['seq_len']:,} is not divisible by 2 cp"
     elif kw["impl"] == "ulysses" and not _ulysses_ok(model, kw["cp"], kw["tp"]):

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...formulas.failures import daly_interval, expected_waste, young_interval
 from ..numbers import failures as facts
-from ..style import COLORS
+from ..style import COLORS, PAGE_WIDTH
 from ..widgets import explorer, log_slider, slider
 
 DEFAULTS = dict(interval_min=10.0, mtbf_h=round(facts.mtbf_s() / 3600, 2),
@@ -26,7 +26,8 @@ def figure(interval_min=DEFAULTS["interval_min"], mtbf_h=DEFAULTS["mtbf_h"],
     """Left: time lost against the interval, the chosen interval and Young's and Daly's
     optima marked. Right: the chosen interval's loss by term."""
     m, tau = mtbf_h * 3600, interval_min * 60
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6),
+                                 gridspec_kw={"width_ratios": [2.2, 1]})
     xs = np.geomspace(max(write_s, 5.0), 20 * m, 300)
     total = [100 * expected_waste(t, write_s, m, restart_s) for t in xs]
     ax.plot(xs / 60, total, color="black", label="time lost")
@@ -47,7 +48,7 @@ def figure(interval_min=DEFAULTS["interval_min"], mtbf_h=DEFAULTS["mtbf_h"],
     bx.bar(list(split), [100 * v for v in split.values()],
            color=[COLORS.get("dp", "tab:blue"), "tab:orange", "tab:grey"])
     bx.set(ylabel="% of the time", title=f"at {interval_min:g} min", xlabel="")
-    fig.suptitle(f"MTBF {mtbf_h:g} h, a write takes {write_s:g} s, a restart {restart_s:g} s "
+    fig.suptitle(f"MTBF {mtbf_h:g} h, a write takes {write_s:g} s, a restart {restart_s:g} s\n"
                  "(first order, minipar.formulas.failures.expected_waste)", fontsize=9)
     fig.tight_layout()
     return fig

@@ -5,10 +5,11 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...config import ModelConfig
-from ...formulas.memory import local_param_count
+from ...flops import local_param_count
 from ...flops import param_count
-from ...formulas.pipeline_parallel import split_layers
+from ...parallel.schedules import split_layers
 from ..figures.hf import plot_slices
+from ..style import PAGE_WIDTH
 from ..widgets import choice, explorer
 
 DEFAULTS = dict(tp=2, pp=2, layers=4, dim=128, heads=4, kv_heads=2, ffn=384, vocab=512)
@@ -24,14 +25,16 @@ def rank_bytes(tp, pp, layers, dim, heads, kv_heads, ffn, vocab, dtype_bytes=2) 
 
 def figure(tp=2, pp=2, layers=4, dim=128, heads=4, kv_heads=2, ffn=384, vocab=512):
     """The slices of one layer per TP rank, and each stage's bytes read against the model's."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [4, 1]})
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 4.6),     # the slices, the bytes below
+                                 gridspec_kw={"height_ratios": [2, 1]})
     plot_slices(tp, pp, layers, dim, heads, kv_heads, ffn, vocab, ax=ax)
     per = rank_bytes(tp, pp, layers, dim, heads, kv_heads, ffn, vocab)
     whole = 2 * param_count(ModelConfig(n_layers=layers, dim=dim, n_heads=heads,
                                         n_kv_heads=kv_heads, ffn_dim=ffn, vocab_size=vocab,
                                         tie_embeddings=False))
     bx.bar([f"stage {i}" for i in range(pp)], [b / whole for b in per], color="#4C72B0")
-    bx.set(ylabel="share of the model's bytes one rank reads", ylim=(0, 1))
+    bx.set_ylim(0, 1)
+    bx.set_ylabel("share of the model's\nbytes one rank reads", fontsize=8)
     bx.set_title(f"{tp * pp} ranks, bf16, untied", fontsize=8)
     bx.tick_params(labelsize=7)
     fig.tight_layout()

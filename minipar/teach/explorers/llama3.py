@@ -19,7 +19,7 @@ from ...formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
 from ...formulas.tensor_parallel import tp_layer_bytes
 from ...formulas.collectives import wire_bytes
 from ..figures.llama3 import draw_replicas
-from ..style import COLORS
+from ..style import COLORS, PAGE_WIDTH
 from ..widgets import choice, explorer, powers
 
 DEFAULTS = dict(tp=8, cp=16, pp=16, dp=8, seq_len=131072, pod_size=LLAMA3_CLUSTER.pod_size)
@@ -39,7 +39,8 @@ def figure(**values):
     kw = {**DEFAULTS, **values}
     gpus = kw["tp"] * kw["cp"] * kw["pp"] * kw["dp"]
     row = Table4Row(gpus, kw["tp"], kw["cp"], kw["pp"], kw["dp"], kw["seq_len"], 0, 0)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [3, 1.3]})
+    fig, (left, right) = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 5),   # replicas, then bytes
+                                      gridspec_kw={"height_ratios": [1, 1.3]})
     draw_replicas(left, row, kw["pod_size"])
     left.set_xlabel(f"GPU rank; grey bands: pods of {kw['pod_size']:,}; black: a replica in two pods",
                     fontsize=8)

@@ -14,19 +14,19 @@ from ...config import SCHEDULES, ConfigError
 from ...formulas.pipeline_parallel import bubble_fraction
 from ...parallel.schedules import make_schedule, peak_in_flight, simulate
 from ..figures.pipeline_parallel import plot_schedule
-from ..style import INVALID
+from ..style import INVALID, PAGE_WIDTH
 from ..widgets import choice, explorer, slider
 
 DEFAULTS = dict(schedule="1f1b", p=4, m=8, v=2, t_f=1.0, t_b=2.0, t_w=0.0, t_comm=0.0)
 
 
 def figure(**values):
-    """Left: the Gantt chart of one step (F blue, B orange, W green; later chunks lighter).
-    Right: the bubble fraction of the chosen schedule against m, the chosen m marked."""
+    """Top: the Gantt chart of one step (F blue, B orange, W green; later chunks lighter).
+    Below: the bubble fraction of the chosen schedule against m, the chosen m marked."""
     kw = {**DEFAULTS, **values}
     v = kw["v"] if kw["schedule"] == "interleaved" else 1
-    fig, (gantt, curve) = plt.subplots(1, 2, figsize=(13, 0.55 * kw["p"] + 2.2),
-                                       gridspec_kw={"width_ratios": [3, 1]})
+    fig, (gantt, curve) = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 0.55 * kw["p"] + 4.4),
+                                       gridspec_kw={"height_ratios": [0.55 * kw["p"] + 1, 2]})
     try:
         schedule = make_schedule(kw["schedule"], kw["p"], kw["m"], v)
     except ConfigError as e:
@@ -36,7 +36,7 @@ def figure(**values):
     tl = simulate(schedule, kw["t_f"], kw["t_b"], kw["t_w"], kw["t_comm"])
     plot_schedule(tl, ax=gantt, title=(
         f"{kw['schedule']}, p = {kw['p']}, m = {kw['m']}" + (f", v = {v}" if v > 1 else "")
-        + f": bubble {tl.bubble_fraction:.1%}, rank 0 holds {peak_in_flight(schedule)[0]} "
+        + f": bubble {tl.bubble_fraction:.1%},\nrank 0 holds {peak_in_flight(schedule)[0]} "
         f"(micro-batch, chunk) activations"))
     ms = [m for m in range(1, 4 * kw["p"] + 1) if kw["schedule"] != "interleaved" or m % kw["p"] == 0]
     curve.plot(ms, [bubble_fraction(kw["schedule"], kw["p"], m, v) for m in ms], "o-", markersize=3)

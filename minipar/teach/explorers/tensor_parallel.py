@@ -15,7 +15,7 @@ from ...config import ModelConfig
 from ...costmodel.constants import LLAMA3_EFFICIENCY
 from ...flops import layer_param_count
 from ...formulas.tensor_parallel import tp_layer_bytes
-from ..style import COLORS
+from ..style import COLORS, PAGE_WIDTH
 from ..widgets import choice, explorer, log_slider, powers, slider, steps
 
 DEFAULTS = dict(t=8, link_GBps=450.0, seq_len=8192, microbatch=1, tflops=430.0,
@@ -42,7 +42,7 @@ def figure(**values):
     the chosen link and on a 50 GB/s NIC, against the layer's compute on one of t GPUs."""
     kw = {**DEFAULTS, **values}
     rest = {k: kw[k] for k in ("seq_len", "microbatch", "tflops", "model", "act_bytes")}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6))
     on_link = [layer_costs(t, kw["link_GBps"], **rest) for t in TPS]
     on_nic = [layer_costs(t, NIC_GBps, **rest, efficiency=LLAMA3_EFFICIENCY.network_inter) for t in TPS]
     left.plot(TPS, [c["bytes"] / 1e9 for c in on_link], "o-", color=COLORS["tp"])
@@ -64,7 +64,7 @@ def figure(**values):
         ax.set_xlabel("tensor-parallel degree t", fontsize=8)
     c = layer_costs(kw["t"], kw["link_GBps"], **rest)
     fig.suptitle(f"{kw['model']}, {kw['microbatch']} x {kw['seq_len']:,} tokens, t = {kw['t']}: "
-                 f"{c['bytes'] / 1e9:.2f} GB per layer, {c['comm_s'] * 1e3:.1f} ms on the link "
+                 f"{c['bytes'] / 1e9:.2f} GB per layer,\n{c['comm_s'] * 1e3:.1f} ms on the link "
                  f"vs {c['compute_s'] * 1e3:.1f} ms of compute ({c['comm_s'] / c['compute_s']:.0%})",
                  fontsize=9)
     fig.tight_layout()

@@ -19,7 +19,7 @@ from ... import profile
 from ...costmodel.hardware import Cluster
 from ...grid import AXES, ProcessGrid
 from ... import placement as place
-from ..style import COLORS, GREY, RED
+from ..style import COLORS, GREY, PAGE_WIDTH, RED
 
 HIDDEN, EXPOSED = "#55A868", RED
 
@@ -47,7 +47,7 @@ def plot_trace_tracks(trace: dict, step: int | None = None, ax=None, title: str 
         split = profile.hidden_and_exposed(trace, pid, t0, t1)
         rows += [(pid, axis, split[axis]) for axis in profile.AXES if axis in split]
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.32 * len(rows) + 1.2))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.9, 0.32 * len(rows) + 1.2))
     ms = lambda t: (t - t0) / 1e3  # noqa: E731 - microseconds since the step began -> ms
     for y, (pid, label, split) in enumerate(rows):
         if split is None:
@@ -118,7 +118,7 @@ def plot_grid_on_cluster(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, gpus_per_rack=
                       pod_size=pod_size)
     servers = -(-grid.world_size // gpus_per_node)
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.62 * gpus_per_node + 2.6, 0.42 * servers + 1.3))
+        _, ax = plt.subplots(figsize=(0.6 * gpus_per_node + 1.2, 0.42 * servers + 1.7))
     colour = {}
     for axis in AXES:
         for r in grid.group_ranks(axis, rank) if grid.sizes[axis] > 1 else ():
@@ -132,7 +132,7 @@ def plot_grid_on_cluster(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, gpus_per_rack=
         ax.text(x + 0.5, -y - 0.38, str(r), ha="center", va="center", fontsize=8, color=ink,
                 weight="bold")
         ax.text(x + 0.5, -y - 0.72, " ".join(f"{c[a]}" for a in AXES), ha="center",
-                va="center", fontsize=5.5, color=ink)
+                va="center", fontsize=7, color=ink)
     _boxes(ax, servers, gpus_per_node, gpus_per_rack // gpus_per_node, "rack", 0.0, "grey")
     _boxes(ax, servers, gpus_per_node, pod_size // gpus_per_node, "pod", 0.25, "black")
     links = {a: place.slowest_link(grid, a, cluster) for a in AXES if grid.sizes[a] > 1}
@@ -142,8 +142,8 @@ def plot_grid_on_cluster(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, gpus_per_rack=
     ax.axis("off")
     ax.legend(handles=[Patch(color="black", label=f"rank {rank}")] + [
         Patch(color=AXIS_COLOURS[a], label=f"its {a.upper()} group: {links[a]}")
-        for a in AXES if a in links], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0),
-        frameon=False)
+        for a in AXES if a in links], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+        ncol=2, frameon=False)
     ax.set_title(f"tp={tp} cp={cp} pp={pp} dp={dp} on servers of {gpus_per_node} GPUs "
                  f"(a row each), racks of {gpus_per_rack}, pods of {pod_size}\n"
                  "each square: rank, then its (tp cp pp dp) coordinates", fontsize=8)
@@ -157,7 +157,7 @@ def _boxes(ax, servers, width, per_box, label, pad, colour):
         ax.add_patch(Rectangle((-pad, -top - rows - pad / 2), width + 2 * pad, rows + pad,
                                fill=False, edgecolor=colour, linewidth=0.8 + 2 * pad,
                                linestyle="-" if label == "pod" else ":"))
-        x = width + pad + 0.1 if label == "rack" else -pad - 0.1
+        x = width + 0.4 if label == "rack" else -pad - 0.1      # racks: right of the pod box
         ax.text(x, -top - 0.5, f"{label} {k}", fontsize=7, color=colour, va="center",
                 ha="left" if label == "rack" else "right", rotation=0 if label == "rack" else 90)
 
@@ -182,10 +182,10 @@ def plot_rail_topology(tp=8, pp=2, dp=1, gpus_per_node=8):
         i = r % gpus_per_node
         ax.plot([gx(r), leaf_x[i]], [0.15, 2.0], color="#DDDDDD", linewidth=0.6, zorder=1)
         ax.add_patch(Rectangle((gx(r) - 0.08, -0.15), 0.16, 0.3, color="#4C72B0", zorder=2))
-        ax.text(gx(r), 0, str(r), ha="center", va="center", fontsize=5.5, color="white", zorder=3)
+        ax.text(gx(r), 0, str(r), ha="center", va="center", fontsize=6, color="white", zorder=3)
     for i, x in enumerate(leaf_x):
         ax.add_patch(Rectangle((x - 0.25, 2.0), 0.5, 0.3, color="#999999"))
-        ax.text(x, 2.15, f"rail {i}", ha="center", va="center", fontsize=6, color="white")
+        ax.text(x, 2.15, f"rail {i}", ha="center", va="center", fontsize=6.5, color="white")
         ax.plot([x, servers * 0.8], [2.3, 3.4], color="#DDDDDD", linewidth=0.6)
     ax.add_patch(Rectangle((servers * 0.8 - 0.6, 3.4), 1.2, 0.3, color="#555555"))
     ax.text(servers * 0.8, 3.55, "spine", ha="center", va="center", fontsize=7, color="white")
@@ -193,7 +193,7 @@ def plot_rail_topology(tp=8, pp=2, dp=1, gpus_per_node=8):
     ax.set_xlim(-0.4, max(servers * 1.6, leaf_x[-1] + 0.4))
     ax.set_ylim(-0.7, 3.9)
     ax.axis("off")
-    ax.set_title(f"tp={tp} pp={pp} dp={dp}: pipeline sends between servers, "
+    ax.set_title(f"tp={tp} pp={pp} dp={dp}: pipeline sends between servers,\n"
                  f"{counts['rail']} on one rail (green), {counts['spine']} via the spine "
                  f"(red), {counts['NVLink']} inside a server", fontsize=8)
     return fig

@@ -9,8 +9,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from ...comm import ring_schedule
+from ...ring import ring_schedule
 from ...formulas.collectives import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
+from ..style import PAGE_WIDTH, SMALL
 
 # Bytes one rank sends, as a fraction of the message S, under the ring algorithm. Written
 # out here (not taken from minipar.formulas) so that the figure checks the log, not itself.
@@ -88,7 +89,7 @@ def plot_all_reduce_time(links: dict, sizes, measured: dict | None = None, ax=No
 
 
 def ring_states(n: int) -> list[tuple[str, list[int] | None, list[list[frozenset]]]]:
-    """The ring all-reduce of `comm.ring_schedule(n)`, played step by step: (title, the
+    """The ring all-reduce of `ring.ring_schedule(n)`, played step by step: (title, the
     chunk each rank sends at this step or None, held[r][c] = the ranks whose contribution
     rank r's copy of chunk c holds after it). Pure."""
     rs, ag = ring_schedule(n)
@@ -115,7 +116,8 @@ def plot_ring_steps(n: int = 4):
     states = ring_states(n)
     cols = n
     rows = -(-len(states) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols, 2.3 * rows), squeeze=False)
+    side = PAGE_WIDTH / cols
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, side * rows), squeeze=False)
     cmap = plt.get_cmap("Blues")
     for a, (title, sends, held) in zip(axes.flat, states):
         for r in range(n):
@@ -130,9 +132,11 @@ def plot_ring_steps(n: int = 4):
                                       linewidth=2))
         a.set_xlim(0, n)
         a.set_ylim(n, 0)
-        a.set_xticks([c + 0.5 for c in range(n)], [str(c) for c in range(n)], fontsize=7)
-        a.set_yticks([r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
-        a.set_title(title, fontsize=8)
+        a.set_xticks([c + 0.5 for c in range(n)], [str(c) for c in range(n)], fontsize=SMALL)
+        a.set_yticks([r + 0.5 for r in range(n)], [f"rank {r}" if a in axes[:, 0] else ""
+                                                    for r in range(n)], fontsize=SMALL)
+        a.set_title(title.replace(" step", "\nstep").replace("start: ", "start:\n"),
+                    fontsize=8)
         a.set_aspect("equal")
     for a in list(axes.flat)[len(states):]:
         a.axis("off")
@@ -147,7 +151,7 @@ def plot_algorithms(n: int, size: float, alpha: float, bandwidth: float,
     """Bytes the busiest rank sends (over S) and the modelled time of an all-reduce of
     `size` bytes over n ranks, one bar per algorithm of `formulas.all_reduce_cost`."""
     if ax is None:
-        _, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+        _, ax = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.2))
     costs = {a: all_reduce_cost(a, n, size, alpha, bandwidth) for a in algorithms}
     x = range(len(costs))
     ax[0].bar(x, [b / size for b, _ in costs.values()], color="#4C72B0")
@@ -184,13 +188,14 @@ def collective_states(op: str, n: int) -> tuple[list[list], list[list]]:
 def plot_collectives(n: int = 4, ops=("all_reduce", "reduce_scatter", "all_gather", "all_to_all")):
     """Before and after of each collective over n ranks (rows): a chunk coloured by the rank
     its data came from, labelled "r.c" (rank r's chunk c); a summed chunk is grey and
-    labelled with a sum sign; a blank cell is not held."""
+    labelled with a sum sign; a blank cell is not held. Two collectives per row of panels."""
     colors = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, 2 * len(ops), figsize=(2.1 * len(ops) * 2, 0.45 * n + 1.2),
-                             gridspec_kw={"wspace": 0.15})
+    rows = -(-len(ops) // 2)
+    fig, axes = plt.subplots(rows, 4, figsize=(PAGE_WIDTH, rows * (PAGE_WIDTH / 4 + 0.3)),
+                             squeeze=False, gridspec_kw={"wspace": 0.12, "hspace": 0.45})
     for k, op in enumerate(ops):
         for j, (cells, when) in enumerate(zip(collective_states(op, n), ("before", "after"))):
-            a = axes[2 * k + j]
+            a = axes[k // 2, 2 * (k % 2) + j]
             for r, row in enumerate(cells):
                 for c, chunk in enumerate(row):
                     _draw_chunk(a, r, c, chunk, colors)
@@ -198,9 +203,13 @@ def plot_collectives(n: int = 4, ops=("all_reduce", "reduce_scatter", "all_gathe
             a.set_ylim(n, 0)
             a.set_xticks([])
             a.set_yticks([r + 0.5 for r in range(n)],
-                         [f"rank {r}" for r in range(n)] if k == j == 0 else [], fontsize=7)
-            a.set_title(f"{op.replace('_', '-')}\n{when}" if j == 0 else f"\n{when}", fontsize=8)
+                         [f"rank {r}" for r in range(n)] if k % 2 == j == 0 else [],
+                         fontsize=SMALL)
+            a.set_title(f"{op.replace('_', '-')}: {when}" if j == 0 else f"{when}", fontsize=8,
+                        loc="left" if j == 0 else "center")
             a.set_aspect("equal")
+    for a in axes.flat[len(ops) * 2:]:
+        a.axis("off")
     return fig
 
 
@@ -213,4 +222,4 @@ def _draw_chunk(a, r: int, c: int, chunk, colors):
     face = colors(q) if q is not None else "#BBBBBB"
     label = f"{q}.{i}" if q is not None else "Σ." + str(next(iter(chunk))[1])
     a.add_patch(Rectangle((c, r), 1, 1, facecolor=face, edgecolor="white", alpha=0.85))
-    a.text(c + 0.5, r + 0.5, label, ha="center", va="center", fontsize=6)
+    a.text(c + 0.5, r + 0.5, label, ha="center", va="center", fontsize=SMALL)

@@ -14,10 +14,10 @@ from matplotlib.patches import Polygon, Rectangle
 from ...config import ModelConfig
 from ...formulas.memory import activation_elements
 from ...formulas.context_parallel import cp_wire_bytes_per_step
-from ...formulas.pipeline_parallel import stage_layer_counts
+from ...parallel.schedules import stage_layer_counts
 from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
                                  local_positions, merge, ring_steps, zigzag_chunks)
-from ..style import COLORS, log2_ticks
+from ..style import COLORS, PAGE_WIDTH, log2_ticks
 
 CP_LAYOUTS = {"contiguous": contiguous_chunks, "zigzag": zigzag_chunks}
 
@@ -117,7 +117,7 @@ def plot_cp_bytes(model, cps=(2, 4, 8, 16, 32), seq_lens=(8192, 32768, 131072), 
         return cp_wire_bytes_per_step(model, 1, s, cp, impl, tp=tp, n_layers=1,
                                       dtype_bytes=dtype_bytes) / 1e6
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        _, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.4))
     s_max = max(seq_lens)
     markers = {"ring": "o", "allgather": "s", "ulysses": "^"}
     for impl in impls:
@@ -138,7 +138,7 @@ def plot_cp_bytes(model, cps=(2, 4, 8, 16, 32), seq_lens=(8192, 32768, 131072), 
         ax.set_ylabel("MB sent per rank per layer")
         ax.legend(fontsize=8)
     axes[0].figure.suptitle(f"{model.name}: context-parallel traffic per rank (tp={tp}, "
-                            f"{dtype_bytes}-byte values)", fontsize=10)
+                            f"{dtype_bytes}-byte values)", fontsize=9)
     return axes
 
 
@@ -170,7 +170,7 @@ def plot_allgather_mask(seq_len: int = 32, cp: int = 4, rank: int = 1, doc_lens=
 # ------------------------------------------------------------------ on the chapter's page
 def plot_layouts(cp: int = 4):
     """The naive and the zigzag layout side by side (the chapter's opening picture)."""
-    fig, axes = plt.subplots(1, 2, figsize=(8.5, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.4))
     plot_cp_layout(cp, "contiguous", axes[0])
     plot_cp_layout(cp, "zigzag", axes[1])
     fig.tight_layout()
@@ -233,7 +233,8 @@ def plot_ulysses(cp: int = 4, heads: int = 8):
     (columns: heads, rows: the sequence, coloured by owner); after it, the whole sequence
     of heads/cp heads. The second all-to-all after attention trades back."""
     colours = _rank_colours(cp)
-    fig, axes = plt.subplots(1, 3, figsize=(9, 3.2), gridspec_kw={"width_ratios": [4, 1.2, 4]})
+    fig, axes = plt.subplots(1, 3, figsize=(PAGE_WIDTH, 2.9),
+                             gridspec_kw={"width_ratios": [4, 1.3, 4]})
     per = heads // cp
     for ax, by_heads in ((axes[0], False), (axes[2], True)):
         for tok in range(cp):
@@ -246,10 +247,11 @@ def plot_ulysses(cp: int = 4, heads: int = 8):
         ax.set_xticks([h + 0.5 for h in range(heads)])
         ax.set_xticklabels([str(h) for h in range(heads)], fontsize=7)
         ax.set_yticks([t + 0.5 for t in range(cp)])
-        ax.set_yticklabels([f"rank {t}'s tokens" for t in range(cp)], fontsize=7)
-        ax.set_xlabel("attention head")
-        ax.set_title("after: whole sequence, heads/cp heads each" if by_heads
-                     else "before: s/cp tokens, every head", fontsize=9)
+        ax.set_yticklabels([] if by_heads else [f"tokens of rank {t}" for t in range(cp)],
+                           fontsize=7)
+        ax.set_xlabel("attention head", fontsize=8)
+        ax.set_title("after: all tokens,\nheads/cp heads each" if by_heads
+                     else "before: s/cp tokens each,\nevery head", fontsize=8)
     axes[1].axis("off")
     axes[1].annotate("", xy=(0.95, 0.5), xytext=(0.05, 0.5), xycoords="axes fraction",
                      arrowprops=dict(arrowstyle="->", lw=2))
@@ -302,7 +304,7 @@ def plot_lse_merge(n_keys: int = 12, split: int = 5, seed: int = 0):
     parts = [block_forward(q, k[:, a:b], eye[:, a:b], False, 0.5) for a, b in blocks]
     merged, _ = merge(*parts[0], *parts[1])
     whole, _ = block_forward(q, k, eye, False, 0.5)
-    fig, axes = plt.subplots(1, 2, figsize=(8, 2.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), sharey=True)
     for (o, _), (a, b), colour in zip(parts, blocks, (COLORS["ring"], COLORS["allgather"])):
         axes[0].bar(range(a, b), o.flatten()[a:b].tolist(), color=colour)
         axes[1].bar(range(a, b), merged.flatten()[a:b].tolist(), color=colour)

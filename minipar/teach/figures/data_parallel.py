@@ -17,7 +17,7 @@ from ...config import ModelConfig
 from ...formulas.data_parallel import bucket_timeline, zero_bytes_per_param, zero_shards
 from ...model import Transformer
 from ...parallel.data import make_buckets
-from ..style import COLORS, MEMORY_PARTS, formula_marks, stacked_bars
+from ..style import COLORS, MEMORY_PARTS, PAGE_WIDTH, formula_marks, stacked_bars
 
 
 def overlap_from_trace(trace: dict, pid: int = 0, step: int | None = None) -> list:
@@ -67,7 +67,7 @@ def plot_overlap_timeline(runs: dict, ax=None):
     runs: {title: events}, events as `overlap_rows` takes them (times in seconds).
     """
     if ax is None:
-        _, ax = plt.subplots(len(runs), 1, figsize=(8, 2.6 * len(runs)), sharex=True,
+        _, ax = plt.subplots(len(runs), 1, figsize=(PAGE_WIDTH, 2.4 * len(runs)), sharex=True,
                              squeeze=False)
         ax = ax[:, 0]
     axes = list(ax) if hasattr(ax, "__len__") else [ax]
@@ -174,9 +174,9 @@ def plot_zero_shards(n: int = 4, param: float = 2, grad: float = 2, optimizer: f
     """What each rank holds under ZeRO-0..3, from `formulas.zero_shards` and
     `zero_bytes_per_param`: one panel per stage, one row per rank, each part a bar as long
     as its bytes per parameter; a sharded part is cut in n pieces and rank r keeps the r-th
-    (solid), the rest it does not hold (hatched outline)."""
-    fig, axes = plt.subplots(1, 4, figsize=(12, 1.0 + 0.45 * n), sharey=True)
-    for stage, a in enumerate(axes):
+    (solid), the rest it does not hold (hatched outline). Two stages per row."""
+    fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 2 * (0.8 + 0.3 * n)), sharey=True)
+    for stage, a in enumerate(axes.flat):
         shards = zero_shards(stage, n)
         held = zero_bytes_per_param(stage, n, param, grad, optimizer)
         full = {"params": param, "grads": grad, "optimizer": optimizer}
@@ -192,12 +192,12 @@ def plot_zero_shards(n: int = 4, param: float = 2, grad: float = 2, optimizer: f
                                       label=part if (r == 0 and stage == 0) else None))
                 left += width
         total = sum(held.values())
-        a.set_title(f"ZeRO-{stage}: {total:.3g} bytes/param per rank", fontsize=9)
+        a.set_title(f"ZeRO-{stage}: {total:.3g} bytes/param per rank", fontsize=8)
         a.set_xlim(0, param + grad + optimizer)
         a.set_ylim(n, 0)
         a.set_yticks([r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
-        a.set_xlabel("bytes per parameter", fontsize=8)
-    fig.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 1.08),
+        a.set_xlabel("bytes per parameter" if stage >= 2 else "", fontsize=8)
+    fig.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 1.06),
                frameon=False)
     fig.tight_layout()
     return fig
@@ -224,7 +224,7 @@ def plot_bucket_overlap(model: str = "tiny", n: int = 8, bucket_mbs=(0, 0.25),
     all-reduce, all after the backward). The dashed line: every gradient summed."""
     cfg = ModelConfig.preset(model)
     if ax is None:
-        _, ax = plt.subplots(len(bucket_mbs), 1, figsize=(8, 1.6 * len(bucket_mbs) + 0.6),
+        _, ax = plt.subplots(len(bucket_mbs), 1, figsize=(PAGE_WIDTH, 1.6 * len(bucket_mbs) + 0.6),
                              sharex=True, squeeze=False)
         ax = ax[:, 0]
     for a, mb in zip(ax, bucket_mbs):

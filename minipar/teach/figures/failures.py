@@ -18,7 +18,7 @@ from ...formulas.failures import expected_waste, young_interval
 from ...parallel.zero import FlatShards
 from ..numbers.failures import broken_commit, crash_table, safe_commit
 from ..numbers import failures as facts
-from ..style import COLORS, FAILURE_CATEGORIES
+from ..style import COLORS, FAILURE_CATEGORIES, PAGE_WIDTH, SMALL
 
 
 def plot_interruptions(rows=None, ax=None):
@@ -27,7 +27,7 @@ def plot_interruptions(rows=None, ax=None):
     with the printed percentage and the percentage its count implies."""
     rows = facts.TABLE5 if rows is None else rows
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 5))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.8, 4.6))
     total = sum(r[2] for r in rows)
     names = [r[0] for r in rows][::-1]
     counts = [r[2] for r in rows][::-1]
@@ -40,7 +40,7 @@ def plot_interruptions(rows=None, ax=None):
                 va="center", fontsize=7)
     for cat in FAILURE_CATEGORIES:
         ax.barh([names[0]], [0], color=COLORS[cat], label=cat)
-    ax.set_xlim(0, max(counts) * 1.9)
+    ax.set_xlim(0, max(counts) * 2.15)
     ax.set_xlabel("unexpected interruptions in 54 days")
     ax.legend(fontsize=7, loc="lower right", title="category", title_fontsize=7)
     ax.tick_params(axis="y", labelsize=7)
@@ -114,23 +114,26 @@ def plot_commit_protocol():
     """A checkpoint commit crashed at every moment, the safe protocol against a broken one:
     a row per moment (between operations, and in the middle of each write), what a resume
     would find (latest's content, the directories), green where it can trust it and red
-    where it cannot. Drawn from `numbers.failures.crash_table`, what `check_commit` runs."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for ax, (title, commit) in zip(axes, (("the protocol of checkpoint.save", safe_commit),
-                                          ("a broken commit", broken_commit))):
-        rows = crash_table(commit)
+    where it cannot. Drawn from `numbers.failures.crash_table`, what `check_commit` runs.
+    The safe protocol above, the broken one below."""
+    tables = [crash_table(commit) for commit in (safe_commit, broken_commit)]
+    fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 0.5 + 0.17 * sum(map(len, tables))),
+                             gridspec_kw={"height_ratios": [len(t) for t in tables]})
+    for ax, title, rows in zip(axes, ("the protocol of checkpoint.save", "a broken commit"),
+                               tables):
         for y, (when, files, wrong) in enumerate(rows):
             colour = "#D8EED8" if wrong is None else "#F6D0D0"
             ax.add_patch(plt.Rectangle((0, -y - 1), 1, 1, color=colour, transform=ax.transData))
             latest = files.get("ckpt/latest", "-").strip() or "(empty)"
             dirs = sorted({p.split("/")[1] for p in files if p.count("/") == 2})
-            ax.text(0.01, -y - 0.5, when.replace("operation", "op"), fontsize=6.5, va="center")
-            ax.text(0.52, -y - 0.5, f"latest -> {latest!r}; " + ", ".join(d[5:] for d in dirs),
-                    fontsize=6.5, va="center", family="monospace")
+            ax.text(0.01, -y - 0.5, when.replace("operation", "op"), fontsize=SMALL, va="center")
+            ax.text(0.5, -y - 0.5, f"latest -> {latest!r}; " + ", ".join(d[5:] for d in dirs),
+                    fontsize=SMALL, va="center", family="monospace")
         ax.set_xlim(0, 1)
         ax.set_ylim(-len(rows), 0)
         ax.axis("off")
-        ax.set_title(title + " (green: a resume can trust the directory)", fontsize=8)
+        ax.set_title(title + " (green: a resume can trust the directory)", fontsize=8,
+                     loc="left")
     fig.tight_layout()
     return fig
 
@@ -152,10 +155,11 @@ def plot_resharding(shape=(6, 5), tp_dim=0, save=(2, 2), load=(3, 1)):
     """One weight through a checkpoint: coloured by the rank that saved each element (TP x
     DP with ZeRO, `save` = (tp, dp)), rebuilt whole (`checkpoint.full_tensor`), and cut again
     for the loading layout (`load`, same rule)."""
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
-    panels = [(f"saved by tp={save[0]} x dp={save[1]} (ZeRO pieces)", owners(shape, tp_dim, *save, True)),
-              ("rebuilt whole on load", torch.zeros(shape, dtype=torch.long)),
-              (f"cut for tp={load[0]} x dp={load[1]}", owners(shape, tp_dim, *load, load[1] > 1))]
+    fig, axes = plt.subplots(1, 3, figsize=(PAGE_WIDTH, 2.9))
+    panels = [(f"saved by tp={save[0]} x dp={save[1]}\n(ZeRO pieces)",
+               owners(shape, tp_dim, *save, True)),
+              ("rebuilt whole\non load", torch.zeros(shape, dtype=torch.long)),
+              (f"cut for\ntp={load[0]} x dp={load[1]}", owners(shape, tp_dim, *load, load[1] > 1))]
     cmap = plt.get_cmap("tab10")
     for ax, (title, owner) in zip(axes, panels):
         colours = [[cmap(int(r) % 10) if "whole" not in title else (0.85, 0.85, 0.85, 1)
@@ -163,11 +167,11 @@ def plot_resharding(shape=(6, 5), tp_dim=0, save=(2, 2), load=(3, 1)):
         ax.imshow(colours, aspect="equal")
         if "whole" not in title:
             for (i, j), r in np.ndenumerate(owner.numpy()):
-                ax.text(j, i, str(r), ha="center", va="center", fontsize=6, color="white")
+                ax.text(j, i, str(r), ha="center", va="center", fontsize=SMALL, color="white")
         ax.set_title(title, fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"a [{shape[0]}, {shape[1]}] weight split along dim {tp_dim}: the number in "
-                 "each element is the rank that holds it", fontsize=9)
+                 "each element is the rank that holds it", fontsize=8)
     fig.tight_layout()
     return fig

@@ -18,7 +18,7 @@ from ...costmodel.calibration import held_out_runs, published_runs
 from ...costmodel.constants import CONSTANTS_FILE
 from ...formulas.pipeline_parallel import bubble_fraction
 from ...grid import AXES, ProcessGrid
-from ..style import AXIS_NAMES, COLORS
+from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
 
 def plot_rank_grid(tp: int = 2, cp: int = 2, pp: int = 2, dp: int = 2):
@@ -26,12 +26,12 @@ def plot_rank_grid(tp: int = 2, cp: int = 2, pp: int = 2, dp: int = 2):
     each (a column per (cp, tp) pair, a row per (dp, pp) pair), ranks of one group in one
     colour. The arrangement is the grid's own `coords`, nothing recomputed here."""
     grid = ProcessGrid(tp, cp, pp, dp)
-    fig, axes = plt.subplots(1, 4, figsize=(3.2 * 4, 3.4))
+    fig, axes = plt.subplots(1, 4, figsize=(PAGE_WIDTH, 2.5))
     for ax, axis in zip(axes, AXES):
         _draw_groups(ax, grid, axis)
     fig.suptitle(f"{grid.world_size} ranks, tp={tp} cp={cp} pp={pp} dp={dp}: "
-                 "columns (cp, tp), rows (dp, pp); one colour per group", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
+                 "columns (cp, tp), rows (dp, pp); one colour per group", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return fig
 
 
@@ -45,14 +45,14 @@ def _draw_groups(ax, grid: ProcessGrid, axis: str):
         c = grid.coords(r)
         x, y = c["tp"] + tp * c["cp"], c["pp"] + pp * c["dp"]
         ax.add_patch(Rectangle((x + 0.05, -y - 0.95), 0.9, 0.9, color=colour_of[r], alpha=0.85))
-        ax.text(x + 0.5, -y - 0.5, str(r), ha="center", va="center", fontsize=10, color="white",
+        ax.text(x + 0.5, -y - 0.5, str(r), ha="center", va="center", fontsize=9, color="white",
                 weight="bold")
     ax.set_xlim(0, tp * cp)
     ax.set_ylim(-pp * dp, 0)
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_title(f"{AXIS_NAMES[axis]}: {len(groups)} groups of {len(groups[0])}", fontsize=10)
+    ax.set_title(f"{AXIS_NAMES[axis]}\n{len(groups)} groups of {len(groups[0])}", fontsize=8)
 
 
 # ------------------------------------------------------------------ choosing a layout
@@ -62,7 +62,7 @@ def plot_tp_threshold(widths, ratios: dict, overlapped: dict | None = None, budg
     """TP's exposed communication over its matmuls against model width, a line per degree t
     (`ratios[t]`: one value per width; `overlapped[t]` the same with --tp-overlap, dashed).
     Below `budget` TP is cheap; the lines cross it where the width is enough for that t."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.6, 3.6))
     for t, ys in ratios.items():
         line, = ax.plot(widths, ys, "o-", label=f"TP{t}")
         if overlapped:
@@ -76,7 +76,7 @@ def plot_tp_threshold(widths, ratios: dict, overlapped: dict | None = None, budg
 
 def plot_bubble_threshold(microbatches, bubbles: dict, budget: float = 0.1):
     """The bubble against micro-batches per DP rank, a line per (pp, v) (`bubbles[label]`)."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.6, 3.6))
     for label, ys in bubbles.items():
         ax.plot(microbatches, ys, "o-", label=label)
     return _threshold(fig, ax, microbatches, budget, "micro-batches per DP rank m",
@@ -85,7 +85,7 @@ def plot_bubble_threshold(microbatches, bubbles: dict, budget: float = 0.1):
 
 def plot_dp_threshold(tokens_per_rank, shares: dict, budget: float = 0.05):
     """Exposed DP time's share of the step against tokens per DP rank, a line per model."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.6, 3.6))
     for label, ys in shares.items():
         ax.plot(tokens_per_rank, ys, "o-", label=label)
     return _threshold(fig, ax, None, budget, "tokens per DP rank per step", "exposed DP / step",
@@ -96,7 +96,8 @@ def _threshold(fig, ax, ticks, budget: float, xlabel: str, ylabel: str, title: s
     """What every threshold plot shares: the budget line, a log x axis (labelled at `ticks`
     when given), the legend."""
     ax.axhline(budget, color="k", lw=0.8, ls=":")
-    ax.set(xscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set(xscale="log", xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=9)
     if ticks is not None:
         _log_ticks(ax, ticks, [str(x) for x in ticks])
     ax.legend(fontsize=8)
@@ -107,15 +108,16 @@ def _threshold(fig, ax, ticks, budget: float, xlabel: str, ylabel: str, title: s
 def plot_cp_threshold(seq_lens, attention: list, cp_ratios: dict):
     """Left: attention's share of a block's compute against s. Right: CP's unhidden
     communication over attention, a line per (cp, implementation)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.2))
     a.plot(seq_lens, attention, "o-", color="k")
     a.axhline(0.5, color="k", lw=0.8, ls=":")
-    a.set(xscale="log", xlabel="sequence length s", ylabel="attention / block compute",
-          title="attention grows as s; the matmuls do not")
+    a.set(xscale="log", xlabel="sequence length s", ylabel="attention / block compute")
+    a.set_title("attention grows as s;\nthe matmuls do not", fontsize=9)
     for label, ys in cp_ratios.items():
         b.plot(seq_lens, ys, "o-", label=label)
     b.set(xscale="log", yscale="symlog", xlabel="sequence length s",
-          ylabel="exposed CP / attention time", title="CP: bytes grow as s, attention as s^2")
+          ylabel="exposed CP / attention time")
+    b.set_title("CP: bytes grow as s,\nattention as s^2", fontsize=9)
     b.legend(fontsize=8)
     for ax in (a, b):
         _log_ticks(ax, seq_lens, [f"{s // 1024}K" for s in seq_lens])
@@ -136,18 +138,21 @@ PLAN_PARTS = {"compute": COLORS["compute"], "tp": COLORS["tp time"], "cp": COLOR
 
 
 def plot_plan(labels, breakdowns: list[dict], mfus: list[float]):
-    """Where the step of each planned layout goes (stacked shares of the step), with its MFU."""
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(labels)))
+    """Where the step of each planned layout goes (stacked shares of the step), with its MFU:
+    one bar per layout, its name and MFU written above it."""
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 1.0 + 0.5 * len(labels)))
     left = [0.0] * len(labels)
     for k, colour in PLAN_PARTS.items():
         widths = [b.get(k, 0.0) / sum(b.values()) for b in breakdowns]
-        ax.barh(range(len(labels)), widths, left=left, label=k, color=colour)
+        ax.barh(range(len(labels)), widths, left=left, height=0.45, label=k, color=colour)
         left = [x + w for x, w in zip(left, widths)]
-    ax.set_yticks(range(len(labels)), [f"{lab}  ({100 * m:.1f}%)" for lab, m in zip(labels, mfus)],
-                  fontsize=8)
-    ax.invert_yaxis()
+    for y, (lab, m) in enumerate(zip(labels, mfus)):
+        ax.text(0, y - 0.27, f"{lab}   (MFU {100 * m:.1f}%)", fontsize=7.5, va="bottom")
+    ax.set_yticks([])
+    ax.set_ylim(len(labels) - 0.6, -0.85)
     ax.set(xlabel="share of the step", xlim=(0, 1), title="the planner's best layouts (MFU)")
-    ax.legend(fontsize=7, ncol=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    below = -0.32 * 6 / (len(labels) + 2)    # under the x label, whatever the number of bars
+    ax.legend(fontsize=7.5, ncol=7, loc="upper center", bbox_to_anchor=(0.5, below), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -163,7 +168,8 @@ def plot_replicas_on_pods(tp: int = 8, cp: int = 1, pp: int = 16, dp: int = 64,
     replica = tp * cp * pp
     pods = [[(r * replica + i) // pod_size for i in range(replica)] for r in range(dp)]
     assert all(grid.coords(r * replica)["dp"] == r for r in range(dp))
-    fig, (ax, side) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 1.3]})
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 4.2),
+                                   gridspec_kw={"width_ratios": [3, 1.25]})
     ax.imshow(pods, aspect="auto", cmap="Pastel1", interpolation="nearest",
               extent=(0, replica, dp, 0))
     if replica // gpus_per_node <= 64:          # more servers than that: lines hide the colour
@@ -172,14 +178,15 @@ def plot_replicas_on_pods(tp: int = 8, cp: int = 1, pp: int = 16, dp: int = 64,
     straddle = [r for r in range(dp) if len(set(pods[r])) > 1]
     for r in straddle:
         ax.add_patch(Rectangle((0, r), replica, 1, fill=False, edgecolor="black", lw=1.2))
-    ax.set(xlabel=f"GPU within one model replica (TP x CP x PP = {replica}); servers of "
-                  f"{gpus_per_node}, racks of {gpus_per_rack}",
-           ylabel=f"DP replica (of {dp})",
-           title=f"TP{tp} CP{cp} PP{pp} DP{dp} on pods of {pod_size:,}: colour = pod"
-                 + (f"; boxed: {len(straddle)} replicas straddle two pods" if straddle else ""))
+    ax.set_xlabel(f"GPU within one model replica (TP x CP x PP = {replica});\nservers of "
+                  f"{gpus_per_node}, racks of {gpus_per_rack}", fontsize=8)
+    ax.set_ylabel(f"DP replica (of {dp})", fontsize=8)
+    ax.set_title(f"TP{tp} CP{cp} PP{pp} DP{dp} on pods of {pod_size:,}: colour = pod"
+                 + (f";\nboxed: {len(straddle)} replicas straddle two pods" if straddle else ""),
+                 fontsize=8)
     side.axis("off")
     side.text(0, 1, "\n\n".join(_axis_links(tp, cp, pp, dp, gpus_per_node, pod_size)),
-              va="top", fontsize=9, family="monospace")
+              va="top", fontsize=7.5, family="monospace")
     fig.tight_layout()
     return fig
 

@@ -10,7 +10,7 @@ from matplotlib.patches import Rectangle
 
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
-from ..style import COLORS
+from ..style import COLORS, PAGE_WIDTH
 
 
 def replica_pods(tp: int, cp: int, pp: int, dp: int, pod_size: int) -> list[list[int]]:
@@ -23,13 +23,16 @@ def layout_figure(rows=(0, 2), pod_size: int | None = None):
     """Table 4's layouts on the machine: each model replica (TP x CP x PP consecutive GPUs)
     as a bar along the GPUs, pods as shaded bands; a replica that spans two pods is black."""
     pod_size = pod_size or LLAMA3_CLUSTER.pod_size
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.5 * len(rows) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(PAGE_WIDTH, 1.3 * len(rows) + 0.6),
+                             squeeze=False)
     for ax, i in zip(axes[:, 0], rows):
         row = TABLE4[i]
         draw_replicas(ax, row, pod_size)
         ax.set_title(f"Table 4 row {i + 1}: TP{row.tp} CP{row.cp} PP{row.pp} DP{row.dp}, "
-                     f"{row.gpus:,} GPUs; a replica = {row.tp * row.cp * row.pp:,} GPUs", fontsize=9)
-    axes[-1, 0].set_xlabel("GPU rank (order [TP, CP, PP, DP]); grey bands: 3,072-GPU pods")
+                     f"{row.gpus:,} GPUs; a replica = {row.tp * row.cp * row.pp:,} GPUs",
+                     fontsize=8)
+    axes[-1, 0].set_xlabel("GPU rank (order [TP, CP, PP, DP]); grey bands: 3,072-GPU pods",
+                           fontsize=8)
     fig.tight_layout()
     return fig
 

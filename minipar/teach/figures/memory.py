@@ -12,7 +12,7 @@ from ...costmodel.constants import BF16_MIXED, FP32
 from ...formulas.pipeline_parallel import in_flight_chunks
 from ...formulas.memory import layer_saved_breakdown
 from ..numbers.memory import budgets      # the same computation the prose states
-from ..style import BLUE, COLORS, GREEN, ORANGE, PURPLE, lighter, stacked_bars
+from ..style import BLUE, COLORS, GREEN, ORANGE, PAGE_WIDTH, PURPLE, lighter, stacked_bars
 
 PARTS = ("params", "grads", "optimizer", "activations")
 LAYER_PART_COLORS = {"norms": BLUE, "attention": ORANGE, "mlp": GREEN, "input": PURPLE}
@@ -47,7 +47,7 @@ def plot_measured_vs_predicted(rows: list[tuple[str, dict, dict]], ax=None):
     """For each (label, measured, predicted) — dicts of bytes by part — two stacked bars
     side by side: measured (solid) and predicted (pale). Bytes in MB."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 3.8))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.8))
     n = len(rows)
     for offset, which, amount in ((-0.2, 1, 0.0), (0.2, 2, 0.45)):
         bottom = [0.0] * n
@@ -62,7 +62,7 @@ def plot_measured_vs_predicted(rows: list[tuple[str, dict, dict]], ax=None):
     ax.set_xticklabels([r[0] for r in rows], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("MB on the fullest rank")
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title("measured (left bar) vs predicted (right bar), tiny, fp32", fontsize=10)
+    ax.set_title("measured (left bar) vs predicted (right bar), tiny, fp32", fontsize=9)
     return ax
 
 
@@ -70,7 +70,7 @@ def plot_recompute_tradeoff(results: dict, axes=None):
     """What recomputation buys and costs. `results`: {mode: {"activations": bytes,
     "step_time_s": seconds, "flops": relative FLOPs per step}}."""
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(8, 3))
+        _, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3))
     modes = list(results)
     a, b = axes
     a.bar(modes, [results[m]["activations"] / 1e6 for m in modes], color=COLORS["activations"])
@@ -89,23 +89,26 @@ def plot_recompute_tradeoff(results: dict, axes=None):
 
 def plot_table4_budget(budgets: dict, hbm_gib: float = 80.0, ax=None):
     """Bytes per GPU of each `budgets` entry ({label: {part: GB}}), stacked, against the
-    H100's HBM: 80 GiB (dashed) = 85.9 GB."""
+    H100's HBM: 80 GiB (dashed) = 85.9 GB, labelled in the right margin, clear of the bars'
+    totals."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(6, 1.2 * len(budgets) + 2), 3.8))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.7, 3.6))
     labels = list(budgets)
     totals = stacked_bars(ax, {p: [budgets[k][p] for k in labels] for p in PARTS})
-    for i, total in enumerate(totals):
-        ax.text(i, total + 1, f"{total:.1f}", ha="center", fontsize=8)
+    for i, total in enumerate(totals):      # inside the bar's top: clear of the HBM line
+        ax.text(i, total - 1.5, f"{total:.1f}", ha="center", va="top", fontsize=8,
+                color="white", weight="bold", zorder=3,
+                bbox=dict(facecolor=COLORS["activations"], edgecolor="none", pad=1))
     hbm_gb = hbm_gib * GIB / 1e9
     ax.axhline(hbm_gb, ls="--", color="black", lw=1)
-    ax.text(len(labels) - 0.5, hbm_gb + 1, f"H100: {hbm_gib:g} GiB = {hbm_gb:.1f} GB",
-            ha="right", fontsize=8)
+    ax.text(1.01, hbm_gb, f"H100:\n{hbm_gib:g} GiB\n= {hbm_gb:.1f} GB", va="center",
+            fontsize=7.5, transform=ax.get_yaxis_transform())
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("GB per GPU (fullest)")
     ax.set_ylim(0, max(max(totals), hbm_gb) * 1.18)
     ax.legend(fontsize=7, loc="upper left", ncol=4)
-    ax.set_title("Llama 3 405B, Table 4 layouts: the most loaded GPU", fontsize=10)
+    ax.set_title("Llama 3 405B, Table 4 layouts: the most loaded GPU", fontsize=9)
     return ax
 
 
@@ -174,7 +177,7 @@ def table4_budget_figure():
     for i, entry in enumerate(budgets(), 1):
         r = entry["row"]
         for zero in (1, 2):
-            data[f"row {i}: CP{r.cp} DP{r.dp}\nZeRO-{zero}"] = {
+            data[f"row {i}\nCP{r.cp} DP{r.dp}\nZeRO-{zero}"] = {
                 p: entry[zero][p] / 1e9 for p in PARTS}
     ax = plot_table4_budget(data)
     ax.figure.tight_layout()

@@ -15,7 +15,7 @@ from ...costmodel import (LLAMA3_CLUSTER, LLAMA3_EFFICIENCY, TABLE4, table4, tab
                           wire_seconds)
 from ...config import ModelConfig
 from ...flops import attention_flops_per_token, dense_flops_per_token
-from ..style import AXES, AXIS_NAMES, COLORS, stacked_bars
+from ..style import AXES, AXIS_NAMES, COLORS, PAGE_WIDTH, stacked_bars
 
 
 def table4_figure(results=None):
@@ -50,7 +50,7 @@ def comm_volume_figure(estimates: dict, cluster=None):
     take on their links (right): bytes are not time, TP's are many but travel on NVLink.
     `estimates`: {label: Estimate}."""
     cluster = cluster or LLAMA3_CLUSTER
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.4))
     labels, es = list(estimates), list(estimates.values())
     stacked_bars(ax, {a: [e.comm_bytes_per_gpu[a] / 1e9 for e in es] for a in AXES}, AXIS_NAMES)
     stacked_bars(bx, {a: [wire_seconds(e, a, cluster) for e in es] for a in AXES}, AXIS_NAMES)
@@ -59,7 +59,7 @@ def comm_volume_figure(estimates: dict, cluster=None):
         a.set_xticks(range(len(labels)))
         a.set_xticklabels(labels, fontsize=8)
         a.set_ylabel(unit)
-        a.set_title(title, fontsize=10)
+        a.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -68,19 +68,22 @@ def comm_volume_figure(estimates: dict, cluster=None):
 def memory_figure(estimates: dict, hbm_gb: float = 80.0):
     """Memory of the most loaded GPU, stacked: parameters, gradients, optimizer state,
     activations; the dashed line is the HBM. `estimates`: {label: Estimate}."""
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(estimates) + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(min(PAGE_WIDTH, max(5, 1.3 * len(estimates) + 2)), 3.6))
     es = list(estimates.values())
     parts = list(es[0].memory_breakdown_gb) if es else []
     totals = stacked_bars(ax, {p: [e.memory_breakdown_gb[p] for e in es] for p in parts})
-    for i, total in enumerate(totals):
-        ax.text(i, total + 1, f"{total:.0f}", ha="center", fontsize=8)
+    for i, total in enumerate(totals):      # inside the bar's top: clear of the HBM line
+        ax.text(i, total - 1.5, f"{total:.0f}", ha="center", va="top", fontsize=8,
+                color="white", weight="bold", zorder=3,
+                bbox=dict(facecolor=COLORS["activations"], edgecolor="none", pad=1))
     ax.axhline(hbm_gb, ls="--", color="black", lw=1)
-    ax.text(len(estimates) - 0.5, hbm_gb + 1, f"HBM {hbm_gb:g} GB", ha="right", fontsize=8)
+    ax.text(1.01, hbm_gb, f"HBM\n{hbm_gb:g} GB", va="center", fontsize=8,
+            transform=ax.get_yaxis_transform())
     ax.set_xticks(range(len(estimates)))
     ax.set_xticklabels(list(estimates), fontsize=8)
     ax.set_ylabel("GB per GPU")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title("memory of the most loaded GPU", fontsize=10)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=4, frameon=False)
+    ax.set_title("memory of the most loaded GPU", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -102,7 +105,7 @@ def network_figure(parallel=None, cluster=None):
     the range of GPUs each parallel axis's groups cover under the [TP, CP, PP, DP] order."""
     cluster = cluster or LLAMA3_CLUSTER
     pc = parallel or TABLE4[2].parallel()
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.8))
     ax.set_xscale("log", base=2)
     for name, lo, hi, link, color in network_levels(cluster):
         ax.axvspan(lo, hi, color=color, zorder=0)
@@ -121,7 +124,7 @@ def network_figure(parallel=None, cluster=None):
     ax.set_yticks([])
     ax.set_xlabel("GPUs spanned by one group (log scale)")
     ax.set_title(f"where each axis sits: TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp} on {pc.world_size:,} GPUs",
-                 fontsize=10)
+                 fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -12,7 +12,7 @@ from matplotlib.patches import Patch, Rectangle
 from ...formulas.pipeline_parallel import bubble_fraction
 from ... import profile
 from ...parallel.schedules import Timeline, make_schedule, simulate, timeline_from_events
-from ..style import COLORS, GREY, lighter
+from ..style import COLORS, GREY, PAGE_WIDTH, lighter
 
 PASSES = ("F", "B", "W")
 
@@ -28,16 +28,18 @@ def plot_schedule(schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float = 0.0
     """
     tl = schedule if isinstance(schedule, Timeline) else simulate(schedule, t_f, t_b, t_w)
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(6.0, min(16.0, 0.4 * len(tl.events) / max(tl.n_ranks, 1))),
-                                      0.55 * tl.n_ranks + 1.2))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.5, 0.55 * tl.n_ranks + 1.2))
     n_chunks = 1 + max((e.chunk for e in tl.events), default=0)
     drawn = [e for e in tl.events if e.end > e.start]
+    narrow = (tl.makespan or 1) / 70          # a box too narrow for its label stays unlabelled
     for e in drawn:
         shade = 0.55 * e.chunk / max(n_chunks - 1, 1)
         colour = COLORS[e.kind] if e.kind in PASSES else GREY
         ax.add_patch(Rectangle((e.start, e.rank - 0.4), e.end - e.start, 0.8,
                                facecolor=lighter(colour, shade), edgecolor="white", linewidth=0.8))
-        ax.text((e.start + e.end) / 2, e.rank, str(e.microbatch), ha="center", va="center", fontsize=7)
+        if e.end - e.start >= narrow:
+            ax.text((e.start + e.end) / 2, e.rank, str(e.microbatch), ha="center", va="center",
+                    fontsize=7)
     ax.set_xlim(0, tl.makespan or 1)
     ax.set_ylim(tl.n_ranks - 0.5, -0.5)
     ax.set_yticks(range(tl.n_ranks))
@@ -85,7 +87,7 @@ def plot_named_schedule(name: str, p: int = 4, m: int = 8, v: int = 1, t_f: floa
     """`plot_schedule` of `make_schedule(name, p, m, v)`, timed by `simulate` (what the
     chapter's pages draw: their figure directive passes only literals)."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.5 * p + 1.2))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.5, 0.5 * p + 1.2))
     tl = simulate(make_schedule(name, p, m, v), t_f, t_b, t_w)
     return plot_schedule(tl, ax=ax, title=title or (
         f"{name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")

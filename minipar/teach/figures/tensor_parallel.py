@@ -14,7 +14,8 @@ from matplotlib.patches import FancyBboxPatch
 
 from ...parallel.collective_matmul import gather_chunk, scatter_chunk
 from ...parallel.tensor import TP_PLAN
-from ..style import COLORS, MEMORY_PARTS, formula_marks, lighter, log2_ticks, stacked_bars
+from ..style import (COLORS, MEMORY_PARTS, PAGE_WIDTH, SMALL, formula_marks, lighter, log2_ticks,
+                     stacked_bars)
 
 
 def plot_tp_memory(measured: dict, formula: dict | None = None, unit: float = 1e6,
@@ -87,30 +88,32 @@ def plot_collective_matmul(t: int = 4, axes=None):
     chunk c while the running sum of c arrives, adds, passes it on). The arrows are the
     t-1 messages of one chunk each that replace the collective."""
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 0.55 * t + 1.6))
+        _, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 0.55 * t + 1.8))
     chunk_colours = plt.get_cmap("tab10").colors
-    plans = ((axes[0], gather_chunk, "all-gather, then matmul:  x$_c$ W$_r$"),
-             (axes[1], scatter_chunk, "matmul, then reduce-scatter:  part of y$_c$"))
+    plans = ((axes[0], gather_chunk, "all-gather, then matmul:\nx$_c$ W$_r$"),
+             (axes[1], scatter_chunk, "matmul, then reduce-scatter:\npart of y$_c$"))
     for ax, chunk, title in plans:
         for r in range(t):
             for k in range(t):
                 c = chunk(r, t, k)
                 ax.add_patch(plt.Rectangle((k + 0.05, r - 0.38), 0.6, 0.76, color=chunk_colours[c % 10],
                                            alpha=0.85))
-                ax.text(k + 0.35, r, f"c={c}", ha="center", va="center", fontsize=8, color="white")
+                ax.text(k + 0.35, r, f"c={c}", ha="center", va="center", fontsize=SMALL,
+                        color="white")
                 if k < t - 1:     # the message in flight during this step: to rank r + 1
                     ax.annotate("", xy=(k + 0.95, (r + 1) % t), xytext=(k + 0.68, r),
                                 arrowprops=dict(arrowstyle="->", color=COLORS["tp"], lw=1))
         ax.set_xlim(0, t)
         ax.set_ylim(t - 0.5, -0.5)
         ax.set_xticks([k + 0.35 for k in range(t)])
-        ax.set_xticklabels([f"step {k}" for k in range(t)], fontsize=8)
+        ax.set_xticklabels([f"step {k}" for k in range(t)], fontsize=SMALL)
         ax.set_yticks(range(t))
         ax.set_yticklabels([f"rank {r}" for r in range(t)], fontsize=8)
         ax.set_title(title, fontsize=9)
     axes[0].figure.suptitle(f"collective matmul over t = {t} ranks: box = the matmul of a step "
-                            f"(colour = sequence chunk), arrow = the chunk in flight meanwhile",
+                            f"(colour = sequence chunk),\narrow = the chunk in flight meanwhile",
                             fontsize=9)
+    axes[0].figure.tight_layout()
     return axes
 
 
@@ -154,36 +157,42 @@ def _collective(sp: bool, enter: bool) -> tuple[str, str]:
 
 def plot_megatron_block(t: int = 2, sp: bool = False, ax=None):
     """One transformer block under tensor parallelism over t ranks, as `TP_PLAN` splits it:
-    per sub-block, a norm on the replicated (or, with `sp`, sequence-sharded) activation,
-    the collective that enters the region (f, or SP's all-gather), each rank's
-    column-parallel linears, its share of attention or SwiGLU, its row-parallel linear, and
-    the collective that leaves (g, or SP's reduce-scatter). Rows are ranks."""
+    per sub-block (one above the other), a norm on the replicated (or, with `sp`,
+    sequence-sharded) activation, the collective that enters the region (f, or SP's
+    all-gather), each rank's column-parallel linears, its share of attention or SwiGLU, its
+    row-parallel linear, and the collective that leaves (g, or SP's reduce-scatter). In
+    each sub-block, rows are ranks."""
+    plan = block_plan()
+    height = 0.8 * t + 1.1                      # one sub-block's band, its name included
     if ax is None:
-        _, ax = plt.subplots(figsize=(13, 1.0 + 0.8 * t))
-    lanes = [t - 1 - r - (t - 1) / 2 for r in range(t)]
-    x = 0.0
-    for name, cols, rows in block_plan():
-        _box(ax, x, 0, 0.9, 0.8 * t, "RMSNorm\n" + ("1/t of the\ntokens" if sp else "replicated"),
-             lighter(COLORS["tp"], 0.7))
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH, 0.55 * height * len(plan) + 0.5))
+    for k, (name, cols, rows) in enumerate(plan):
+        y0 = -k * height
+        lanes = [y0 + t - 1 - r - (t - 1) / 2 for r in range(t)]
+        ax.text(-0.5, y0 + 0.45 * t + 0.25, name, fontsize=8, weight="bold")
+        _box(ax, 0, y0, 0.9, 0.8 * t, "RMSNorm\n" + ("1/t of the\ntokens" if sp else "replicated"),
+             lighter(COLORS["tp"], 0.7), SMALL)
         label, colour = _collective(sp, True)
-        _arrow(ax, x + 0.45, 0, x + 0.75, 0)
-        _box(ax, x + 1.3, 0, 1.0, 0.8 * t, label, colour, fontsize=6)
+        _arrow(ax, 0.45, y0, 0.75, y0)
+        _box(ax, 1.3, y0, 1.0, 0.8 * t, label, colour, SMALL)
         for r, y in enumerate(lanes):
-            _arrow(ax, x + 1.8, 0, x + 2.1, y)
-            _box(ax, x + 2.6, y, 0.95, 0.6, "col-parallel\n" + ", ".join(cols) + f" (r{r})", lighter(COLORS["tp"], 0.4), 6)
-            _box(ax, x + 3.75, y, 1.05, 0.6, INNER_OP.get(name, name), "white", 6)
-            _box(ax, x + 4.9, y, 0.95, 0.6, "row-parallel\n" + ", ".join(rows) + f" (r{r})", lighter(COLORS["tp"], 0.2), 6)
-            _arrow(ax, x + 5.4, y, x + 5.75, 0)
+            _arrow(ax, 1.8, y0, 2.1, y)
+            _box(ax, 2.6, y, 0.95, 0.6, "col-parallel\n" + ", ".join(cols) + f" (r{r})",
+                 lighter(COLORS["tp"], 0.4), SMALL)
+            _box(ax, 3.75, y, 1.05, 0.6, INNER_OP.get(name, name), "white", SMALL)
+            _box(ax, 4.9, y, 0.95, 0.6, "row-parallel\n" + ", ".join(rows) + f" (r{r})",
+                 lighter(COLORS["tp"], 0.2), SMALL)
+            _arrow(ax, 5.4, y, 5.75, y0)
         label, colour = _collective(sp, False)
-        _box(ax, x + 6.3, 0, 1.0, 0.8 * t, label, colour, fontsize=6)
-        _arrow(ax, x + 6.8, 0, x + 7.3, 0)
-        ax.text(x + 7.05, 0.45 * t, "+ residual", fontsize=6, ha="center")
-        x += 7.8
-    ax.text(-0.5, -0.55 * t, "between sub-blocks: " + SEQ_REGION[sp], fontsize=7, ha="left")
-    ax.set_xlim(-0.6, x - 0.4)
-    ax.set_ylim(-0.65 * t, 0.6 * t)
+        _box(ax, 6.3, y0, 1.0, 0.8 * t, label, colour, SMALL)
+        _arrow(ax, 6.8, y0, 7.6, y0)
+        ax.text(7.3, y0 + 0.1, "+ residual", fontsize=SMALL, ha="center", va="bottom")
+    bottom = -(len(plan) - 1) * height - 0.45 * t
+    ax.text(-0.5, bottom - 0.35, "between sub-blocks: " + SEQ_REGION[sp], fontsize=SMALL, ha="left")
+    ax.set_xlim(-0.6, 7.8)
+    ax.set_ylim(bottom - 0.5, 0.45 * t + 0.6)
     ax.axis("off")
     ax.set_title(f"one block under TP over t = {t} ranks" + (" with sequence parallelism" if sp else "")
-                 + ": " + ", ".join(f"{n} ({'+'.join(c)} | {'+'.join(r)})" for n, c, r in block_plan()),
+                 + ":\n" + ", ".join(f"{n} ({'+'.join(c)} | {'+'.join(r)})" for n, c, r in plan),
                  fontsize=9)
     return ax

@@ -16,7 +16,7 @@ from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
 from ...formulas.memory import activation_elements
 from ...formulas.context_parallel import cp_wire_bytes_per_step
-from ...formulas.pipeline_parallel import stage_layer_counts
+from ...parallel.schedules import stage_layer_counts
 from ...parallel.context import attention_work, contiguous_chunks
 from .core import Number, derived
 

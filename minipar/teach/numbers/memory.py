@@ -16,7 +16,8 @@ from ...costmodel.constants import BF16_MIXED, FP32
 from ...costmodel.memory import fullest_stage, layer_bytes, memory_of_rank
 from ...costmodel.table4 import table4
 from ...formulas.memory import activation_elements, layer_saved_elements
-from ...formulas.pipeline_parallel import in_flight_chunks, stage_layer_counts
+from ...formulas.pipeline_parallel import in_flight_chunks
+from ...parallel.schedules import stage_layer_counts
 from ...flops import layer_param_count, param_count
 from ...config import TrainConfig
 from .core import Number, assumed, derived, paper

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ...config import ModelConfig
 from ...costmodel.constants import TABLE4_BATCH_TOKENS
 from ...costmodel.table4 import TABLE4
-from ...formulas.pipeline_parallel import bubble_fraction, split_layers
+from ...formulas.pipeline_parallel import bubble_fraction
+from ...parallel.schedules import split_layers
 from ...parallel.schedules import Action, make_schedule, simulate
 from .core import Number, assumed, derived
 
