@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -88,8 +88,7 @@ class CommLog:
         """{axis: {op: {calls, payload_bytes, wire_bytes}}}: the `comm` key of `--log-json`."""
         out: dict = {}
         for (axis, op), st in sorted(self.stats.items()):
-            out.setdefault(axis, {})[op] = {"calls": st.calls, "payload_bytes": st.payload_bytes,
-                                            "wire_bytes": st.wire_bytes}
+            out.setdefault(axis, {})[op] = asdict(st)
         return out
 
     def total(self, axis: str | None = None, key: str = "wire_bytes") -> int:
@@ -113,8 +112,7 @@ def _run(collective, axis: Axis, name: str, payload: int, full: int, finish, /, 
     if LOG.record(axis.log_as, name, axis.size, payload, full):
         events.collective(axis.log_as, name, axis.ranks, payload,
                           wire_bytes(name, axis.size, full), start, work if async_op else None)
-    handle = Handle([work] if async_op else [], finish=finish)
-    return handle if async_op else handle.wait()
+    return Handle([work], finish=finish) if async_op else finish()
 
 
 # ------------------------------------------------------------------- plain collectives
@@ -140,10 +138,9 @@ def all_gather(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False
 
 
 def reduce_scatter(t: torch.Tensor, axis: Axis, dim: int = 0, async_op: bool = False):
-    """Sum `t` over ranks and keep this rank's 1/n slice along `dim` (or a `Handle`)."""
-    if t.shape[dim] % axis.size:
-        raise ValueError(f"reduce_scatter over {axis.name}: dim {dim} of size {t.shape[dim]} "
-                         f"is not divisible by {axis.size}")
+    """Sum `t` over ranks and keep this rank's 1/n slice along `dim` (or a `Handle`). Its
+    callers make `dim` divisible by n: `--sp` needs the sequence divisible by `--tp`, ZeRO
+    pads its buckets, and the gradient of an all-gather is as long as what it gathered."""
     return _along_dim(dist.reduce_scatter_single, "reduce_scatter", t, axis, dim,
                       t.shape[dim] // axis.size, async_op)
 
@@ -164,12 +161,10 @@ def _along_dim(collective, name: str, t: torch.Tensor, axis: Axis, dim: int, out
 def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
     """Cut `t` into n pieces along `split_dim`, send piece j to the rank at position j, and
     concatenate the n pieces received (rank order) along `concat_dim`. Each rank keeps 1/n
-    of its tensor and sends the rest: (n-1)/n S on the wire (DeepSpeed-Ulysses' exchange)."""
+    of its tensor and sends the rest: (n-1)/n S on the wire (DeepSpeed-Ulysses' exchange).
+    `split_dim` divisible by n (Ulysses' rule: heads divisible by `--cp`, or replicated)."""
     if axis.size == 1:
         return t
-    if t.shape[split_dim] % axis.size:
-        raise ValueError(f"all_to_all over {axis.name}: dim {split_dim} of size "
-                         f"{t.shape[split_dim]} is not divisible by {axis.size}")
     inp = torch.stack(t.chunk(axis.size, dim=split_dim)).contiguous()   # [n, piece...]
     out = torch.empty_like(inp)
     return _run(dist.all_to_all_single, axis, "all_to_all", nbytes(inp), nbytes(inp),
@@ -209,15 +204,17 @@ def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
     """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
     buffers (the caller keeps each sent tensor alive until then)."""
     start, me = events.now(), dist.get_rank()
-    ops = [(dist.isend, "send", t.contiguous(), peer, tag[0] if tag else 0) for t, peer, *tag in sends]
-    ops += [(dist.irecv, "recv", t, peer, tag[0] if tag else 0) for t, peer, *tag in recvs]
-    works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer, tag=tag) for fn, _, t, peer, tag in ops]) if ops else []
-    for i, (_, op, t, peer, tag) in enumerate(ops):
-        work = works[i] if len(works) == len(ops) else works[0]     # NCCL coalesces them
-        if LOG.record(axis_name, op, 2, nbytes(t), nbytes(t)):
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
+           for t, peer, *tag in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer, tag=tag[0] if tag else 0) for t, peer, *tag in recvs]
+    works = dist.batch_isend_irecv(ops) if ops else []
+    # gloo gives one work per op; NCCL coalesces the batch into one
+    for p, work in zip(ops, works if len(works) == len(ops) else works * len(ops)):
+        op, size = "send" if p.op is dist.isend else "recv", nbytes(p.tensor)
+        if LOG.record(axis_name, op, 2, size, size):
             # the trace pairs each send with its receive by (sender, receiver, tag)
-            events.collective(axis_name, op, sorted((me, peer)), nbytes(t),
-                              wire_bytes(op, 2, nbytes(t)), start, work, peer=peer, tag=tag)
+            events.collective(axis_name, op, sorted((me, p.peer)), size, wire_bytes(op, 2, size),
+                              start, work, peer=p.peer, tag=p.tag)
     return Handle(works, result=[t for t, *_ in recvs])
 
 

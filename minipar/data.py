@@ -63,7 +63,8 @@ class TokenizedText(TextTokens):
         super().__init__(torch.tensor(ids, dtype=torch.long), seed)
 
 
-def make_source(data_path: str | None, vocab_size: int, seed: int, tokenizer_file: str | None = None):
+def make_source(data_path: str | None, vocab_size: int, seed: int,
+                tokenizer_file: str | None = None):
     """Synthetic tokens; or the --data file, through `tokenizer_file` or else read as bytes
     (vocabulary 256: no tokenizer needed). Its rules, `preflight.check_data`, are checked
     before any rank starts."""

@@ -126,13 +126,12 @@ def _ended(event: dict, t: int):
 @contextlib.contextmanager
 def waiting(works):
     """Around a `Handle.wait()`: a wait span, and the end of what it waited for."""
-    rec = RECORDER
-    mine = [e for w in works for e in rec.in_flight.pop(id(w), [])] if rec else []
+    mine = [e for w in works for e in RECORDER.in_flight.pop(id(w), [])] if RECORDER else []
     start = now()
     yield
     end = now()
     for event in mine:
         _ended(event, end)
     if mine:
-        rec.add("wait " + ", ".join(sorted({e["name"] for e in mine})), "wait", start, end,
-                ids=[e["args"]["id"] for e in mine])
+        RECORDER.add("wait " + ", ".join(sorted({e["name"] for e in mine})), "wait", start, end,
+                     ids=[e["args"]["id"] for e in mine])

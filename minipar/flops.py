@@ -24,7 +24,7 @@ done again by activation recomputation; HFU divides those by the peak instead.
 """
 from __future__ import annotations
 
-from .config import RECOMPUTE_MODES, ConfigError, ModelConfig, unknown
+from .config import ModelConfig
 
 
 # ------------------------------------------------------------------ parameters
@@ -75,24 +75,18 @@ def flops_per_token(model: ModelConfig, seq_len: int) -> float:
     return dense_flops_per_token(model) + attention_flops_per_token(model, seq_len)
 
 
-def recompute_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = "none") -> float:
-    """FLOPs per token that activation recomputation does a second time (PaLM counting).
+def hardware_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = "none") -> float:
+    """Model FLOPs plus what activation recomputation does a second time (PaLM counting): the
+    numerator of HFU. Done again, per `--recompute` mode (`config.RECOMPUTE_MODES`):
 
     none:      nothing.
     selective: the attention core's forward (QK^T, softmax, times V): a third of 12 L h s.
     full:      the whole forward pass: 2 N + 4 L h s.
     """
-    if recompute not in RECOMPUTE_MODES:
-        raise ConfigError(unknown("--recompute", recompute, RECOMPUTE_MODES))
     attention_forward = attention_flops_per_token(model, seq_len) / 3
     redone = {"none": 0.0, "selective": attention_forward,
               "full": dense_flops_per_token(model) / 3 + attention_forward}
-    return redone[recompute]
-
-
-def hardware_flops_per_token(model: ModelConfig, seq_len: int, recompute: str = "none") -> float:
-    """Model FLOPs plus what recomputation does again: the numerator of HFU."""
-    return flops_per_token(model, seq_len) + recompute_flops_per_token(model, seq_len, recompute)
+    return flops_per_token(model, seq_len) + redone[recompute]
 
 
 def mfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float | None,
@@ -106,17 +100,15 @@ def mfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float
 def hfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float | None,
         n_devices: int = 1, recompute: str = "none") -> float | None:
     """Hardware FLOPs utilisation: like `mfu`, counting recomputed work too."""
-    if not peak_flops:
-        return None
-    return tokens_per_s * hardware_flops_per_token(model, seq_len, recompute) / (peak_flops * n_devices)
+    achieved = tokens_per_s * hardware_flops_per_token(model, seq_len, recompute)    # FLOP/s
+    return achieved / (peak_flops * n_devices) if peak_flops else None
 
 
 # ------------------------------------------------------------------ the hardware's peak
 # Dense (no 2:4 sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s per GPU.
 # Matched against torch.cuda.get_device_name() in order, so the more specific names first.
 GPU_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
-    ("GH200", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),
-    ("H200", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),
+    ("H200", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),    # GH200's name contains it
     ("H100 PCIe", {"bf16": 756e12, "fp32": 51e12, "tf32": 378e12}),
     ("H100", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),   # SXM
     ("B200", {"bf16": 2250e12, "fp32": 80e12, "tf32": 1100e12}),
@@ -125,6 +117,7 @@ GPU_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
     ("L4", {"bf16": 121e12, "fp32": 30.3e12, "tf32": 60e12}),
     ("V100", {"bf16": 125e12, "fp32": 15.7e12, "tf32": 15.7e12}),  # fp16 tensor cores (no bf16)
 ]
+
 
 def gpu_peak_flops(name: str, dtype: str = "bf16") -> float | None:
     """Data-sheet peak of the GPU called `name` for `dtype` ("bf16", "tf32", "fp32")."""

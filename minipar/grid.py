@@ -25,16 +25,14 @@ AXES = ("tp", "cp", "pp", "dp")   # innermost first
 class ProcessGrid:
     """rank <-> (dp, pp, cp, tp) coordinates and one process group per axis.
 
-    Pure until `init_groups()` is called: `coords`, `rank_of` and `describe` work without any
+    Pure until `init_groups()` is called: `coords`, `rank_of` and `all_groups` work without any
     process, so the book can draw a 16 000-GPU layout on a laptop.
     """
 
     def __init__(self, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, rank: int = 0):
         self.sizes = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
         self.world_size = tp * cp * pp * dp
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
-        self.rank = rank
+        self.rank = rank            # 0 <= rank < world_size: launch and preflight see to it
         groups = {name: self.group_ranks(name, rank) for name in (*AXES, "dp_cp")}
         # the whole world, for the few scalars every rank must agree on (loss, grad norm)
         groups["world"] = tuple(range(self.world_size))
@@ -49,8 +47,7 @@ class ProcessGrid:
         """Coordinates of `rank`: peel off TP (fastest), then CP, PP, DP."""
         out = {}
         for a in AXES:
-            out[a] = rank % self.sizes[a]
-            rank //= self.sizes[a]
+            rank, out[a] = divmod(rank, self.sizes[a])
         return out
 
     def rank_of(self, tp: int = 0, cp: int = 0, pp: int = 0, dp: int = 0) -> int:
@@ -74,17 +71,6 @@ class ProcessGrid:
         """Every group of axis `name`, each once, ordered by its lowest rank."""
         return sorted({self.group_ranks(name, r) for r in range(self.world_size)})
 
-    def describe(self) -> str:
-        """Which ranks share each group, as a table a reader can check against a figure."""
-        dims = " ".join(f"{a}={self.sizes[a]}" for a in AXES)
-        lines = [f"world of {self.world_size} ranks: {dims} (order [TP, CP, PP, DP], TP innermost)"]
-        for name in (*AXES, "dp_cp"):
-            groups = self.all_groups(name)
-            shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:8])
-            more = f" ... ({len(groups)} groups)" if len(groups) > 8 else ""
-            lines.append(f"  {name:5s} groups of {len(groups[0])}: {shown}{more}")
-        return "\n".join(lines)
-
     # -- this rank ---------------------------------------------------------------------
     def counts(self, p, replicated_over_dp: bool) -> bool:
         """Does this rank's copy of `p` count (in the gradient norm, in a checkpoint)?
@@ -107,5 +93,5 @@ class ProcessGrid:
         return self
 
     def __repr__(self) -> str:
-        c = self.coords(self.rank)
-        return f"ProcessGrid(rank={self.rank}, " + ", ".join(f"{a}={c[a]}/{self.sizes[a]}" for a in AXES) + ")"
+        at = ", ".join(f"{a}={i}/{self.sizes[a]}" for a, i in self.coords(self.rank).items())
+        return f"ProcessGrid(rank={self.rank}, {at})"

@@ -95,22 +95,18 @@ def hold(t: torch.Tensor) -> Held:
     return _ACTIVE[-1].hold(t) if _ACTIVE else Held(t.detach())
 
 
-def state_bytes(dp, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def state_bytes(dp, optimizer: torch.optim.Optimizer, device=None) -> dict[str, int]:
     """What this rank holds between steps: {"params", "grads", "optimizer"}, from the
-    tensors (`dp.memory_bytes()` knows what ZeRO has sharded or freed)."""
+    tensors (`dp.memory_bytes()` knows what ZeRO has sharded or freed). On CUDA also
+    "cuda_max_allocated", since the previous call: all the allocator held at its peak,
+    activations, workspaces and fragments included."""
     moments = [v for st in optimizer.state.values() for v in st.values()
                if torch.is_tensor(v) and v.dim() > 0]      # Adam's m and v, not its step count
-    return {**dp.memory_bytes(), "optimizer": comm.nbytes(*moments)}
-
-
-def cuda_peak_bytes(device: torch.device) -> int | None:
-    """`torch.cuda.max_memory_allocated` since the previous call (None off CUDA): all
-    the allocator held at its peak, activations, workspaces and fragments included."""
-    if device.type != "cuda":
-        return None
-    peak = torch.cuda.max_memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    return peak
+    out = {**dp.memory_bytes(), "optimizer": comm.nbytes(*moments)}
+    if device is not None and device.type == "cuda":
+        out["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    return out
 
 
 PARTS = ("params", "grads", "optimizer", "activations")

@@ -54,8 +54,8 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, llama3=No
     inv_freq = 1.0 / theta ** (pairs / head_dim)
     if llama3 is not None:
         inv_freq = llama3_scaled(inv_freq, *llama3)
-    angles = positions.float()[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
+    # one angle per pair (i, i + d/2): the d/2 frequencies, twice
+    angles = (positions.float()[:, None] * inv_freq[None, :]).repeat(1, 2)
     return angles.cos(), angles.sin()
 
 
@@ -166,9 +166,7 @@ class Transformer(nn.Module):
         cos, sin = cos.to(h.device), sin.to(h.device)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
-        if self.lm_head is None:
-            return h
-        return self.lm_head(self.norm(h))
+        return h if self.lm_head is None else self.lm_head(self.norm(h))
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -180,14 +178,14 @@ def param_seed(seed: int, name: str) -> int:
 @torch.no_grad()
 def init_weights(model: Transformer, seed: int, std: float = 0.02):
     """Seeded, layout-independent init: N(0, std), residual outputs scaled by 1/sqrt(2L)
-    (GPT-2's rule, so the residual stream's variance does not grow with depth), norms 1."""
+    (GPT-2's rule, so the residual stream's variance does not grow with depth). Norms keep
+    the 1 that `RMSNorm` starts with (this runs once, in the constructor)."""
     out_std = std / math.sqrt(2 * model.cfg.n_layers)
     for name, p in model.named_parameters():
-        if name.endswith("layernorm.weight") or name == "norm.weight":
-            p.fill_(1.0)
+        if name.endswith("norm.weight"):
             continue
         # a tied head on the last pipeline stage starts as a copy of the first stage's embedding
-        key = "embed_tokens.weight" if name == "lm_head.weight" and model.cfg.tie_embeddings else name
+        key = name.replace("lm_head", "embed_tokens") if model.cfg.tie_embeddings else name
         g = torch.Generator().manual_seed(param_seed(seed, key))
         s = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
         p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * s)

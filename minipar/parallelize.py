@@ -54,8 +54,7 @@ def parallelize(mcfg: ModelConfig, pcfg: ParallelConfig, grid: ProcessGrid, seed
                   for m in chunks]
     if pcfg.cp > 1:                                                  # 3. context parallel
         chunks = [apply_context_parallel(m, grid.cp, impl=pcfg.cp_impl) for m in chunks]
-    chunks = [apply_recompute(m, pcfg.recompute) for m in chunks]    # 4. recompute
-    chunks = [m.to(device) for m in chunks]
+    chunks = [apply_recompute(m, pcfg.recompute).to(device) for m in chunks]   # 4. recompute
     dp = data_parallel(chunks, grid, pcfg)                            # 5. data parallel
     # after the reduction: the TP-partial gradients (SP's norms), then a tied embedding's copies
     dp.after_reduce += [s for s in (sum_partial_grads if pcfg.sp else None,

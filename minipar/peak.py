@@ -82,6 +82,5 @@ def measure_matmul_flops(seconds: float = 0.5, n: int = 1024) -> float:
     while time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
         torch.mm(a, b)
-        dt = time.perf_counter() - t0
-        best = max(best, 2 * n**3 / dt)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
     return best

@@ -47,12 +47,11 @@ AXES = ("tp", "cp", "pp", "dp", "world")
 
 
 # ======================================================================= recording
-def start(rank: int | None = None) -> events.Recorder:
+def start() -> events.Recorder:
     """Start recording on this rank (every rank calls it: a barrier lines them up)."""
     if dist.is_initialized():
         dist.barrier()
-        rank = dist.get_rank() if rank is None else rank
-    return events.start(rank or 0)
+    return events.start(dist.get_rank() if dist.is_initialized() else 0)
 
 
 # -- per-layer spans, from module and tensor hooks -----------------------------------------

@@ -34,8 +34,6 @@ import functools
 import torch
 
 from . import memory
-from .config import RECOMPUTE_MODES, ConfigError, unknown
-
 
 
 class _AllSaved(Exception):
@@ -55,8 +53,7 @@ class _Recomputation:
         # the rerun computes in the precision the forward did (bf16 autocast or not)
         self.autocast = torch.autocast(device, dtype=torch.get_autocast_dtype(device),
                                        enabled=torch.is_autocast_enabled(device))
-        self.n_slots = 0
-        self.slots: list | None = None
+        self.n_slots, self.slots = 0, None      # slots: the rerun's saved tensors, once it ran
 
     def pack(self, t):                # forward: remember the slot, keep nothing
         self.n_slots += 1
@@ -99,9 +96,8 @@ def recomputed(fn, *args):
 def apply_recompute(model, mode: str):
     """`--recompute MODE` on one model chunk: wrap each block's forward (full) or each
     attention core (selective). Apply it after context parallelism has installed its core,
-    so that selective wraps the ring or all-gather attention itself."""
-    if mode not in RECOMPUTE_MODES:
-        raise ConfigError(unknown("--recompute", mode, RECOMPUTE_MODES))
+    so that selective wraps the ring or all-gather attention itself. `mode` is one of
+    `config.RECOMPUTE_MODES`, which `ParallelConfig` checks."""
     for block in model.layers.values():
         if mode == "full":
             block.forward = functools.partial(recomputed, block.forward)

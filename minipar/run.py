@@ -43,7 +43,7 @@ def supervise(cfg: TrainConfig, each_rank, report: bool = False) -> dict:
     cfg = check_run(cfg)    # a new TrainConfig: with --init-hf's model read
     if cfg.peak_flops is None:
         cfg.peak_flops = peak_flops()
-    if launch.in_torchrun() and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.save:
+    if cfg.save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)):    # torchrun's restart
         cfg = restarted(cfg)
     failures = []
     while True:
@@ -54,12 +54,12 @@ def supervise(cfg: TrainConfig, each_rank, report: bool = False) -> dict:
         except launch.RankFailed as e:
             if len(failures) >= cfg.max_restarts or launch.in_torchrun():
                 raise
-            cfg = restarted(cfg)
-            failures.append({"rank": e.rank, "error": str(e).splitlines()[0], "resumed_from": cfg.resume,
+            cfg, error = restarted(cfg), str(e).splitlines()[0]
+            failures.append({"rank": e.rank, "error": error, "resumed_from": cfg.resume,
                              "resumed_at_step": checkpoint.step_of(cfg.resume)})
             if report or cfg.progress:
-                print(f"{failures[-1]['error']}\nrestart {len(failures)}/{cfg.max_restarts} "
-                      f"from {cfg.resume or 'the start'}", file=sys.stderr, flush=True)
+                print(f"{error}\nrestart {len(failures)}/{cfg.max_restarts} from "
+                      f"{cfg.resume or 'the start'}", file=sys.stderr, flush=True)
 
 
 def restarted(cfg: TrainConfig) -> TrainConfig:
@@ -83,7 +83,8 @@ class RankRun:
             self.start, self.records = checkpoint.load(cfg.resume, trainer.model.chunks,
                                                        trainer.model.dp, trainer.optimizer,
                                                        trainer.grid, trainer.mcfg)
-        self.log = open(cfg.log_json, "w") if cfg.log_json and self.rank == 0 else None
+        # line-buffered: each step's record is on disk as soon as it is written
+        self.log = open(cfg.log_json, "w", buffering=1) if cfg.log_json and self.rank == 0 else None
         for rec in self.records if self.log else ():   # a resumed run rewrites the log whole
             self.log.write(json.dumps(rec) + "\n")
         self.note = self.resumed() if cfg.resume and self.rank == 0 else None
@@ -92,7 +93,7 @@ class RankRun:
         if self.rank == 0 and cfg.progress:
             self.steps = tqdm(self.steps, desc=f"train {p.tp}x{p.cp}x{p.pp}x{p.dp}", leave=False)
         if cfg.profile:
-            profile.start(self.rank)
+            profile.start()
 
     def resumed(self) -> dict:
         """Where a resumed run comes from, said on the terminal (with the layout it was
@@ -101,7 +102,7 @@ class RankRun:
         cfg = self.trainer.cfg
         step_dir = checkpoint.resolve(cfg.resume)
         manifest = checkpoint.read_manifest(step_dir)
-        now, then = layout(cfg.parallel), layout(manifest["layout"])
+        now, then = layout(cfg.parallel.as_dict()), layout(manifest["layout"])
         self.say(f"resumed {step_dir} at step {self.start}" + (
             f" (layout {now} unchanged)" if then == now else f", resharded from {then} to {now}"))
         return {"from": cfg.resume, "step": self.start,
@@ -125,7 +126,6 @@ class RankRun:
         self.records.append(rec)
         if self.log:
             self.log.write(json.dumps(rec) + "\n")
-            self.log.flush()
         if cfg.save and (done == cfg.steps or cfg.save_every and done % cfg.save_every == 0):
             self.save(done)
         if hasattr(self.steps, "set_postfix"):
@@ -136,7 +136,7 @@ class RankRun:
         self.saved_at = step
         path = checkpoint.save(t.cfg.save, step, t.model.chunks, t.model.dp, t.optimizer,
                                t.grid, t.cfg, self.records)
-        self.say(f"saved {path} (step {step}, layout {layout(t.pcfg)})")
+        self.say(f"saved {path} (step {step}, layout {layout(t.pcfg.as_dict())})")
         return path
 
     def say(self, line: str):
@@ -166,9 +166,8 @@ class RankRun:
                 "profile": finish_profile(t) if cfg.profile and not ended else None}
 
 
-def layout(p) -> str:
-    """A layout (a ParallelConfig, or a checkpoint manifest's dict of one) as one line."""
-    d = p if isinstance(p, dict) else p.as_dict()
+def layout(d: dict) -> str:
+    """A layout (`ParallelConfig.as_dict()`, as a checkpoint's manifest keeps it) in one line."""
     return " ".join(f"{k}={d[k]}" for k in ("tp", "cp", "pp", "dp", "zero"))
 
 
@@ -177,10 +176,10 @@ def finish_profile(t) -> dict | None:
     gets back its path and each axis' hidden and exposed communication (from step 1 on:
     step 0 warms up)."""
     cfg = t.cfg
-    model = f"--init-hf {cfg.init_hf}" if cfg.init_hf else cfg.model     # what really ran
-    meta = {"layout": t.pcfg.as_dict(), "model": model, "seq_len": cfg.seq_len,
-            "global_batch": cfg.global_batch, "steps": cfg.steps,
-            "backend": dist.get_backend(), "device": t.device.type, "torch": torch.__version__}
+    meta = {"layout": t.pcfg.as_dict(), "seq_len": cfg.seq_len, "global_batch": cfg.global_batch,
+            "model": f"--init-hf {cfg.init_hf}" if cfg.init_hf else cfg.model,    # what really ran
+            "steps": cfg.steps, "backend": dist.get_backend(), "device": t.device.type,
+            "torch": torch.__version__}
     trace = profile.finish(cfg.profile, t.grid.coords(t.grid.rank), meta)
     if trace is None:
         return None
@@ -251,8 +250,8 @@ def report_end(ended: dict, rank0: bool = True) -> int:
         if rank0:
             print(f"{PROG}: error: {ended['message']}", file=sys.stderr)
         return 1
-    saved = (f"checkpoint saved to {ended['checkpoint']} (continue with --resume)"
-             if ended["checkpoint"] else "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)")
+    saved = (f"checkpoint saved to {ended['checkpoint']} (continue with --resume)" if
+             ended["checkpoint"] else "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)")
     if rank0:
         say(f"{PROG}: stopped by {signal.Signals(ended['signal']).name} after {ended['step']} "
             f"steps, every rank at the same step boundary; {saved}")

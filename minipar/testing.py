@@ -1,8 +1,9 @@
 """Test hooks: what the tests read from inside a run, kept out of the teaching files.
 
 Chapter "From a laptop to a cluster" (it runs inside the loop), for every axis chapter's
-proof: a layout is right when its gradients are the single device's. `capture_grads` is a `TrainConfig.after_backward` hook that returns
-them after the first step's backward; nothing in the package imports this module.
+proof: a layout is right when its gradients are the single device's. `capture_grads` is a
+`TrainConfig.after_backward` hook that returns them after the first step's backward;
+nothing in the package imports this module.
 """
 from __future__ import annotations
 

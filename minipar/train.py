@@ -25,7 +25,7 @@ from .config import TrainConfig
 from .data import local_microbatches, make_source
 from .flops import mfu
 from .grid import ProcessGrid
-from .memory import ActivationMeter, cuda_peak_bytes, fullest_rank, state_bytes
+from .memory import ActivationMeter, fullest_rank, state_bytes
 from .parallel.context import shard_sequence
 from .parallel.pipeline import pipeline_forward_backward
 from .parallelize import parallelize
@@ -200,10 +200,8 @@ class Trainer:
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds in parameters, gradients and optimizer state, counted
-        from the tensors themselves, between steps."""
-        out = state_bytes(self.model.dp, self.optimizer)
-        peak = cuda_peak_bytes(self.device)     # everything the allocator held, on CUDA
-        return out if peak is None else {**out, "cuda_max_allocated": peak}
+        from the tensors themselves, between steps (`memory.state_bytes`)."""
+        return state_bytes(self.model.dp, self.optimizer, self.device)
 
 
 # ---------------------------------------------------------------- the loop

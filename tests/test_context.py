@@ -46,8 +46,9 @@ def test_every_token_is_held_by_exactly_one_rank(cp):
 
 
 def test_sequence_not_divisible_by_two_cp_is_refused():
-    with pytest.raises(ValueError, match=r"divisible by 2\*cp=8"):
-        local_positions(20, 0, 4)
+    # the layout's rule lives in one place, the layout config (before any rank starts)
+    with pytest.raises(ValueError, match=r"--cp 4 needs --seq-len divisible by 2\*cp=8"):
+        ParallelConfig(cp=4).validate(TINY, 20, 8)
 
 
 @pytest.mark.parametrize("layout", [zigzag_chunks, contiguous_chunks])
@@ -155,12 +156,12 @@ def _ring_events(cp):
     grid = ProcessGrid(cp=cp, rank=dist.get_rank()).init_groups()
     events, real_pass, real_backprop = [], context._ring_pass, context.OnlineSoftmax.backprop
 
-    def logged_pass(tensors, axis, wait=True):
-        handle = real_pass(tensors, axis, wait=False)
+    def logged_pass(tensors, axis):
+        handle = real_pass(tensors, axis)
         events.append("post")
         real_wait = handle.wait
         handle.wait = lambda: (events.append("wait"), real_wait())[1]
-        return handle.wait() if wait else handle
+        return handle
 
     def logged_backprop(self, *args):
         events.append("compute")
@@ -208,7 +209,10 @@ def test_ulysses_bytes_by_hand():
 def test_apply_context_parallel_replaces_every_core():
     m = apply_context_parallel(Transformer(TINY), Axis("cp", (0, 1), 0), impl="allgather")
     assert all(layer.self_attn.core.func is CORES["allgather"] for layer in m.layers.values())
+    # an unknown implementation: `ParallelConfig` names the flag; a direct call, the key
     with pytest.raises(ValueError, match="--cp-impl 'flash'"):
+        ParallelConfig(cp=2, cp_impl="flash").validate(TINY, 64, 8)
+    with pytest.raises(KeyError, match="flash"):
         apply_context_parallel(m, Axis("cp", (0, 1), 0), impl="flash")
 
 

@@ -22,7 +22,7 @@ from minipar.config import ModelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer, cross_entropy_sum
 from minipar.parallel import context
-from minipar.parallel.context import shard_sequence, zigzag_chunks
+from minipar.parallel.context import shard_sequence
 from minipar.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy_sum
 
 DEVICE = os.environ.get("MINIPAR_DEVICE", "cpu")
@@ -35,15 +35,12 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     raise RuntimeError("MINIPAR_DEVICE=cuda, but torch sees no CUDA device")
 
 
-# Context parallelism's attention at one rank. The public `ring_attention` and
-# `allgather_attention` take a shortcut to plain attention at cp=1 (and gloo cannot send a
-# rank to itself), so this calls the arithmetic both share: online softmax over the causal
-# blocks of the zigzag layout, merged by log-sum-exp, with the hand-written backward. That
-# is what a GPU has to get right. Ulysses at one rank *is* plain attention.
-CP_CORES = {
-    "cp": lambda q, k, v, axis: context._GatheredAttention.apply(q, k, v, axis.rank, axis.size,
-                                                                 zigzag_chunks),
-}
+# Context parallelism's attention at one rank. The public `ring_attention` takes a shortcut
+# to plain attention at cp=1 (gloo cannot send a rank to itself); `allgather_attention` runs
+# the arithmetic both share: online softmax over the causal blocks of the zigzag layout,
+# merged by log-sum-exp, with the hand-written backward. That is what a GPU has to get
+# right. Ulysses at one rank *is* plain attention.
+CP_CORES = {"cp": context.allgather_attention}
 
 
 def loss_and_grads(kind: str, bf16: bool, grid: ProcessGrid, device: torch.device) -> dict:

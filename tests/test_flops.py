@@ -7,7 +7,7 @@ import math
 import pytest
 
 from minipar import flops, peak
-from minipar.config import ModelConfig
+from minipar.config import ModelConfig, ParallelConfig
 
 L405 = ModelConfig.preset("llama3-405b")
 
@@ -60,7 +60,10 @@ def test_hardware_flops_with_recompute():
     assert flops.hardware_flops_per_token(L405, s, "selective") == pytest.approx(model_flops + attention / 3)
     # full: the whole forward again: fwd is 1/3 of fwd + bwd, so 4/3 of the model FLOPs
     assert flops.hardware_flops_per_token(L405, s, "full") == pytest.approx(model_flops * 4 / 3)
-    with pytest.raises(ValueError, match="--recompute"):
+    # an unknown mode: `ParallelConfig` names the flag; a direct call, the key
+    with pytest.raises(ValueError, match="--recompute 'some'"):
+        ParallelConfig(recompute="some").validate(L405, s, 8)
+    with pytest.raises(KeyError, match="some"):
         flops.hardware_flops_per_token(L405, s, "some")
 
 

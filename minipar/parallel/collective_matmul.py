@@ -42,7 +42,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..comm import Axis
+
+SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
 
 
 # ----------------------------------------------------------------- the two ring loops
@@ -57,13 +58,13 @@ def scatter_chunk(rank: int, t: int, k: int) -> int:
     return (rank - k - 1) % t
 
 
-def _pass_on(t: torch.Tensor, axis: Axis) -> comm.Handle:
+def _pass_on(t: torch.Tensor, axis: comm.Axis) -> comm.Handle:
     """Send `t` to the next rank of the ring, receive the previous rank's: in flight."""
     nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
     return comm.exchange_async([(t, nxt)], [(torch.empty_like(t), prv)], axis_name=axis.log_as)
 
 
-def all_gather_matmul(x_local: torch.Tensor, matmul: Callable, axis: Axis):
+def all_gather_matmul(x_local: torch.Tensor, matmul: Callable, axis: comm.Axis):
     """Every rank's chunk of x passes through `matmul(c, chunk_c)` as it goes round the
     ring; each transfer runs while the chunk already here is multiplied.
     Returns (the chunks in rank order, matmul's result for each chunk in rank order)."""
@@ -81,7 +82,7 @@ def all_gather_matmul(x_local: torch.Tensor, matmul: Callable, axis: Axis):
     return chunks, results
 
 
-def matmul_reduce_scatter(part: Callable, axis: Axis) -> torch.Tensor:
+def matmul_reduce_scatter(part: Callable, axis: comm.Axis) -> torch.Tensor:
     """The sum over ranks of chunk `axis.rank` of an output each rank holds a part of;
     `part(c)` computes this rank's part of chunk c, while the running sum of that chunk
     is on its way here."""
@@ -96,9 +97,12 @@ def matmul_reduce_scatter(part: Callable, axis: Axis) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------- the two layers' cores
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """[..., features] -> [tokens, features], for a weight gradient dW = dY^T X."""
-    return t.reshape(-1, t.shape[-1])
+# Each layer's backward runs the other loop: the gradient of "all-gather, then matmul" is
+# "matmul, then reduce-scatter", and the other way round.
+def _weight_grad(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """dW = dY^T X summed over every token ([..., out] and [..., in] -> [out, in]), in W's
+    dtype (under autocast dY may be narrower than the saved X)."""
+    return (dy.flatten(0, -2).T @ x.flatten(0, -2).to(dy.dtype)).to(w.dtype)
 
 
 class _AllGatherLinear(torch.autograd.Function):
@@ -107,55 +111,46 @@ class _AllGatherLinear(torch.autograd.Function):
     of X hidden behind the products. The backward keeps X for dW_i = dY_i^T X."""
 
     @staticmethod
-    def forward(ctx, x, axis, dim, *weights):
-        chunks, results = all_gather_matmul(x, lambda c, xc: [F.linear(xc, w) for w in weights], axis)
-        ctx.save_for_backward(torch.cat(chunks, dim), *weights)
-        ctx.axis, ctx.dim = axis, dim
-        return tuple(torch.cat(ys, dim) for ys in zip(*results))
+    def forward(ctx, x, axis, *weights):
+        chunks, ys = all_gather_matmul(x, lambda c, xc: [F.linear(xc, w) for w in weights], axis)
+        ctx.save_for_backward(torch.cat(chunks, SEQ_DIM), *weights)
+        ctx.axis = axis
+        return tuple(torch.cat(y, SEQ_DIM) for y in zip(*ys))
 
     @staticmethod
     def backward(ctx, *dys):
         gathered, *weights = ctx.saved_tensors
-        axis, dim = ctx.axis, ctx.dim
+        t = ctx.axis.size
 
         def part(c):     # this rank's output features' share of dX, for chunk c
-            return sum(dy.chunk(axis.size, dim)[c] @ w.to(dy.dtype) for dy, w in zip(dys, weights))
-        dx = matmul_reduce_scatter(part, axis)
-        dws = [(_rows(dy).T @ _rows(gathered).to(dy.dtype)).to(w.dtype) for dy, w in zip(dys, weights)]
-        return (dx, None, None, *dws)
+            return sum(dy.chunk(t, SEQ_DIM)[c] @ w.to(dy.dtype) for dy, w in zip(dys, weights))
+        dx = matmul_reduce_scatter(part, ctx.axis)
+        return (dx, None, *[_weight_grad(dy, gathered, w) for dy, w in zip(dys, weights)])
 
 
 class _LinearReduceScatter(torch.autograd.Function):
     """Row-parallel under SP: x_r [b, s, f/t] -> this rank's chunk of sum_r x_r W_r^T
-    [b, s/t, h], the reduce-scatter hidden behind the products."""
+    [b, s/t, h], the reduce-scatter hidden behind the products. The backward all-gathers
+    dY behind dX = dY W, chunk by chunk, and keeps the gathered dY for dW = dY^T x_r."""
 
     @staticmethod
-    def forward(ctx, x, weight, axis, dim):
-        xs = x.chunk(axis.size, dim)
-        out = matmul_reduce_scatter(lambda c: F.linear(xs[c], weight), axis)
+    def forward(ctx, x, weight, axis):
         ctx.save_for_backward(x, weight)
-        ctx.axis, ctx.dim = axis, dim
-        return out
+        ctx.axis = axis
+        xs = x.chunk(axis.size, SEQ_DIM)
+        return matmul_reduce_scatter(lambda c: F.linear(xs[c], weight), axis)
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        axis, dim = ctx.axis, ctx.dim
-        xs = x.chunk(axis.size, dim)
-
-        def grads(c, dyc):   # chunk c of dY arrives: its dX chunk and its share of dW
-            return dyc @ w.to(dyc.dtype), _rows(dyc).T @ _rows(xs[c]).to(dyc.dtype)
-        _, results = all_gather_matmul(dy, grads, axis)
-        dx = torch.cat([dxc for dxc, _ in results], dim)
-        dw = sum(dwc for _, dwc in results).to(w.dtype)
-        return dx, dw, None, None
+        chunks, dxs = all_gather_matmul(dy, lambda c, dyc: dyc @ w.to(dyc.dtype), ctx.axis)
+        return torch.cat(dxs, SEQ_DIM), _weight_grad(torch.cat(chunks, SEQ_DIM), x, w), None
 
 
 # ----------------------------------------------------------------- the layers the TP plan picks
 # Under `--tp-overlap` the plan (`tensor.OVERLAP_STYLES`) splits the weights as without it,
 # then computes with them here: each block enters the TP region through one collective
 # matmul of its input projections, each row-parallel layer leaves through the other.
-SEQ_DIM = 1   # activations are [batch, sequence, hidden]; SP shards dimension 1
 
 
 class AllGatherLinears:
@@ -164,11 +159,11 @@ class AllGatherLinears:
     multiplied by every layer's weight as it goes by. It owns no parameter: the layers keep
     theirs, and their names."""
 
-    def __init__(self, linears, axis: Axis):
+    def __init__(self, linears, axis: comm.Axis):
         self.linears, self.axis = list(linears), axis
 
     def __call__(self, x):
-        ys = _AllGatherLinear.apply(x, self.axis, SEQ_DIM, *[m.weight for m in self.linears])
+        ys = _AllGatherLinear.apply(x, self.axis, *[m.weight for m in self.linears])
         return tuple(y if m.bias is None else y + m.bias for m, y in zip(self.linears, ys))
 
 
@@ -177,7 +172,7 @@ class AllGatherLinears:
 INPUT_PROJECTIONS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 
 
-def enter_by_collective_matmul(block: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+def enter_by_collective_matmul(block: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
     """The plan's "enter" under `--tp-overlap`: rather than all-gather the block's input and
     then multiply, the block's seam becomes one `AllGatherLinears` of its (already split)
     projections. One trip round the ring serves q, k and v, where one all-gather did."""
@@ -192,7 +187,7 @@ class CollectiveColumnParallelLinear(nn.Module):
     itself, its all-gather hidden behind its matmul. It takes over the shards of a
     `ColumnParallelLinear`."""
 
-    def __init__(self, col: nn.Module, axis: Axis):
+    def __init__(self, col: nn.Module, axis: comm.Axis):
         super().__init__()
         self.axis, self.weight, self.bias = axis, col.weight, col.bias
 
@@ -205,10 +200,10 @@ class CollectiveRowParallelLinear(nn.Module):
     matmul, chunk by chunk. It takes over the shards of a `RowParallelLinear` (the bias,
     replicated, is added after the sum)."""
 
-    def __init__(self, row: nn.Module, axis: Axis):
+    def __init__(self, row: nn.Module):
         super().__init__()
-        self.axis, self.weight, self.bias = axis, row.weight, row.bias
+        self.axis, self.weight, self.bias = row.axis, row.weight, row.bias
 
     def forward(self, x):
-        y = _LinearReduceScatter.apply(x, self.weight, self.axis, SEQ_DIM)
+        y = _LinearReduceScatter.apply(x, self.weight, self.axis)
         return y if self.bias is None else y + self.bias

@@ -33,7 +33,6 @@ import math
 import torch
 
 from .. import comm
-from ..config import ConfigError, unknown
 from . import regions
 from ..model import causal_attention
 
@@ -50,10 +49,8 @@ def contiguous_chunks(rank: int, cp: int) -> tuple[int, int]:
 
 
 def local_positions(seq_len: int, rank: int, cp: int, layout=zigzag_chunks) -> torch.Tensor:
-    """Positions of the tokens a rank holds, in the order it holds them."""
-    if seq_len % (2 * cp):
-        raise ValueError(f"context parallelism over cp={cp} needs a sequence length divisible "
-                         f"by 2*cp={2 * cp}; got {seq_len}")
+    """Positions of the tokens a rank holds, in the order it holds them. The sequence divides
+    into 2*cp chunks: `ParallelConfig` refuses a `--seq-len` that does not (`--cp` "chunks")."""
     c = seq_len // (2 * cp)
     return torch.cat([torch.arange(i * c, (i + 1) * c) for i in layout(rank, cp)])
 
@@ -125,8 +122,7 @@ def block_forward(q, k, v, diagonal: bool, scale: float):
     the block's softmax-normalised output and its log-sum-exp per query row [b, sq, hkv, g]."""
     s = _scores(q, k, diagonal, scale)
     lse = s.logsumexp(-1)
-    out = torch.einsum("bqhgk,bkhd->bqhgd", torch.exp(s - lse[..., None]), v)
-    return out, lse
+    return torch.einsum("bqhgk,bkhd->bqhgd", torch.exp(s - lse[..., None]), v), lse
 
 
 def merge(out, lse, block_out, block_lse):
@@ -136,8 +132,8 @@ def merge(out, lse, block_out, block_lse):
     gives the softmax over the union. Exact, in any order of blocks.
     """
     new_lse = torch.logaddexp(lse, block_lse)
-    out = out * torch.exp(lse - new_lse)[..., None] + block_out * torch.exp(block_lse - new_lse)[..., None]
-    return out, new_lse
+    return (out * torch.exp(lse - new_lse)[..., None]
+            + block_out * torch.exp(block_lse - new_lse)[..., None]), new_lse
 
 
 def block_backward(q, k, v, dout, lse, delta, diagonal: bool, scale: float):
@@ -162,13 +158,18 @@ class OnlineSoftmax:
     softmax: an output and a log-sum-exp per query row). Both CP attentions keep one while
     K/V blocks come by, one block at a time, in any order."""
 
-    def __init__(self, q, n_kv: int, out=None, lse=None):
+    def __init__(self, q, n_kv: int, out=None, lse=None, dout=None):
+        """Forward: the queries alone, nothing attended yet. Backward: with the forward's
+        out and lse, and dout, the output's gradient, to backpropagate block by block."""
         self.q = _grouped(q.float(), n_kv)
         self.c = q.shape[1] // 2                  # the two chunks this rank holds
         self.scale = 1.0 / math.sqrt(q.shape[-1])
         self.out = torch.zeros_like(self.q) if out is None else out
-        self.lse = (torch.full(self.q.shape[:-1], float("-inf"), device=q.device)
-                    if lse is None else lse)
+        self.lse = torch.full(self.q.shape[:-1], -math.inf, device=q.device) if lse is None else lse
+        if dout is not None:        # the backward: dq accumulates; delta = rowsum(dout * out)
+            self.dout = _grouped(dout.float(), n_kv)
+            self.delta = (self.dout * self.out).sum(-1)
+            self.dq = torch.zeros_like(self.q)
 
     def attend(self, k, v, pairs):
         """Fold one rank's K/V block into the output, for the chunk pairs the mask keeps."""
@@ -177,11 +178,6 @@ class OnlineSoftmax:
             o, l = block_forward(self.q[:, rows], k[:, cols].float(), v[:, cols].float(),
                                  diagonal, self.scale)
             self.out[:, rows], self.lse[:, rows] = merge(self.out[:, rows], self.lse[:, rows], o, l)
-
-    def start_backward(self, dout):
-        self.dout = _grouped(dout.float(), self.q.shape[2])
-        self.delta = (self.dout * self.out).sum(-1)
-        self.dq = torch.zeros_like(self.q)
 
     def backprop(self, k, v, pairs, dk, dv):
         """Add this block's share to dq, and to the block's dk, dv (in place)."""
@@ -196,17 +192,17 @@ class OnlineSoftmax:
 
 
 # ============================================================ ring attention
-def _ring_pass(tensors, axis: comm.Axis, wait: bool = True):
-    """Send `tensors` to the next rank of the ring and receive the previous rank's.
+def _ring_pass(tensors, axis: comm.Axis):
+    """Start sending `tensors` to the next rank of the ring and receiving the previous rank's;
+    the handle's wait() returns what arrived. The transfer runs while the caller computes.
 
     Sends and receives are posted in one batch (`comm.exchange_async`), so a ring of blocking
-    sends cannot deadlock. With wait=False the transfer runs while the caller computes.
+    sends cannot deadlock.
     """
     nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
     sends = [(t, nxt) for t in tensors]
     recvs = [(torch.empty_like(t), prv) for t in tensors]
-    handle = comm.exchange_async(sends, recvs, axis_name=axis.log_as)
-    return handle.wait() if wait else handle
+    return comm.exchange_async(sends, recvs, axis_name=axis.log_as)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -218,48 +214,46 @@ class _RingAttention(torch.autograd.Function):
     adds its share to; after the last step each accumulator takes one hop home. Overlapped
     like the forward: the next block is posted before this one is computed, and a block's
     accumulator, posted after, travels while the next block is computed.
+    `steps`: this rank's `ring_steps`, the schedule both loops follow.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, axis, layout):
+    def forward(ctx, q, k, v, axis, steps):
         k, v = k.contiguous(), v.contiguous()
         queries = OnlineSoftmax(q, k.shape[2])
-        steps = ring_steps(axis.rank, axis.size, layout)
         k_cur, v_cur = k, v
         for t, (_, pairs) in enumerate(steps):
             # the next block travels while this one is used (none after the last step)
-            in_flight = _ring_pass([k_cur, v_cur], axis, wait=False) if t < len(steps) - 1 else None
+            in_flight = _ring_pass([k_cur, v_cur], axis) if t < len(steps) - 1 else None
             queries.attend(k_cur, v_cur, pairs)
             if in_flight is not None:
                 k_cur, v_cur = in_flight.wait()
         ctx.save_for_backward(q, k, v, queries.out, queries.lse)
-        ctx.axis, ctx.layout = axis, layout
+        ctx.axis, ctx.steps = axis, steps
         return _ungrouped(queries.out, q)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        queries = OnlineSoftmax(q, k.shape[2], out, lse)
-        queries.start_backward(dout)
-        steps = ring_steps(ctx.axis.rank, ctx.axis.size, ctx.layout)
-        kv_in_flight = _ring_pass([k, v], ctx.axis, wait=False)   # step 1's block, already going
+        queries = OnlineSoftmax(q, k.shape[2], out, lse, dout)
+        kv_in_flight = _ring_pass([k, v], ctx.axis)   # step 1's block, already going
         # step 0, this rank's own block: its gradient stays here
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        queries.backprop(k, v, steps[0][1], dk, dv)
+        queries.backprop(k, v, ctx.steps[0][1], dk, dv)
         # steps 1..cp-1: a block arrives; its dK/dV, summed by its previous holders, follows
         # (nothing yet at step 1: the accumulator starts there, so it need not travel)
         acc_in_flight = None
-        for t, (_, pairs) in enumerate(steps[1:], start=1):
+        for t, (_, pairs) in enumerate(ctx.steps[1:], start=1):
             k_cur, v_cur = kv_in_flight.wait()
-            if t < len(steps) - 1:       # the next block travels while this one is used
-                kv_in_flight = _ring_pass([k_cur, v_cur], ctx.axis, wait=False)
+            if t < len(ctx.steps) - 1:   # the next block travels while this one is used
+                kv_in_flight = _ring_pass([k_cur, v_cur], ctx.axis)
             dk_new, dv_new = torch.zeros_like(k), torch.zeros_like(v)
             queries.backprop(k_cur, v_cur, pairs, dk_new, dv_new)
             if acc_in_flight is not None:   # what earlier holders added, arrived meanwhile
                 dk_prev, dv_prev = acc_in_flight.wait()
                 dk_new, dv_new = dk_new + dk_prev, dv_new + dv_prev
             # this block's sum so far travels on while the next block is computed
-            acc_in_flight = _ring_pass([dk_new, dv_new], ctx.axis, wait=False)
+            acc_in_flight = _ring_pass([dk_new, dv_new], ctx.axis)
         # the last accumulators sent hold the next rank's block, complete: one hop home;
         # the one that arrived is mine
         dk_home, dv_home = acc_in_flight.wait()
@@ -271,34 +265,33 @@ def ring_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
     sequence, whose K/V [b, s_local, hkv, d] blocks are spread over the ranks of `axis`."""
     if axis.size == 1:
         return causal_attention(q, k, v)
-    return _RingAttention.apply(q, k, v, axis, layout)
+    return _RingAttention.apply(q, k, v, axis, ring_steps(axis.rank, axis.size, layout))
 
 
 # ============================================================ all-gather K/V (Llama 3)
 class _GatheredAttention(torch.autograd.Function):
     """The ring's arithmetic with every block already here: k, v [b, cp*s_local, hkv, d]
     hold the blocks of ranks 0..cp-1 in rank order (not position order). The blocks the
-    causal mask hides are skipped; their dK, dV are zero."""
+    causal mask hides are skipped; their dK, dV are zero. `steps`: this rank's `ring_steps`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rank, cp, layout):
+    def forward(ctx, q, k, v, steps):
         queries, n = OnlineSoftmax(q, k.shape[2]), q.shape[1]
-        for src, pairs in ring_steps(rank, cp, layout):
+        for src, pairs in steps:
             queries.attend(k[:, src * n:(src + 1) * n], v[:, src * n:(src + 1) * n], pairs)
         ctx.save_for_backward(q, k, v, queries.out, queries.lse)
-        ctx.rank, ctx.cp, ctx.layout = rank, cp, layout
+        ctx.steps = steps
         return _ungrouped(queries.out, q)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        queries, n = OnlineSoftmax(q, k.shape[2], out, lse), q.shape[1]
-        queries.start_backward(dout)
+        queries, n = OnlineSoftmax(q, k.shape[2], out, lse, dout), q.shape[1]
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        for src, pairs in ring_steps(ctx.rank, ctx.cp, ctx.layout):
+        for src, pairs in ctx.steps:
             blk = slice(src * n, (src + 1) * n)
             queries.backprop(k[:, blk], v[:, blk], pairs, dk[:, blk], dv[:, blk])
-        return _ungrouped(queries.dq, q), dk, dv, None, None, None
+        return _ungrouped(queries.dq, q), dk, dv, None
 
 
 def allgather_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
@@ -308,10 +301,8 @@ def allgather_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
     the rank that owns it (`regions.gather_from_group`). K and V travel in one tensor. The
     gathered K/V are kept for the backward: the whole sequence's, but GQA makes them small.
     """
-    if axis.size == 1:
-        return causal_attention(q, k, v)
     kv = regions.gather_from_group(torch.stack([k, v]), axis, dim=2)
-    return _GatheredAttention.apply(q, kv[0], kv[1], axis.rank, axis.size, layout)
+    return _GatheredAttention.apply(q, kv[0], kv[1], ring_steps(axis.rank, axis.size, layout))
 
 
 # ============================================================ Ulysses (all-to-all over heads)
@@ -325,16 +316,14 @@ def ulysses_attention(q, k, v, axis: comm.Axis, layout=zigzag_chunks):
     (GQA): each KV head is replicated to the cp/hkv ranks whose query heads read it.
     """
     cp = axis.size
-    if cp == 1:
-        return causal_attention(q, k, v)
     if k.shape[2] % cp:
         k, v = (t.repeat_interleave(cp // k.shape[2], dim=2) for t in (k, v))
     held = torch.cat([local_positions(q.shape[1] * cp, j, cp, layout) for j in range(cp)])
     held = held.to(q.device)            # the position of each token after the exchange
     in_order = held.argsort()
     q_heads = regions.all_to_all(q, axis, split_dim=2, concat_dim=1)[:, in_order]
-    kv_heads = regions.all_to_all(torch.stack([k, v]), axis, split_dim=3, concat_dim=2)[:, :, in_order]
-    out = causal_attention(q_heads, kv_heads[0], kv_heads[1])
+    kv = regions.all_to_all(torch.stack([k, v]), axis, split_dim=3, concat_dim=2)[:, :, in_order]
+    out = causal_attention(q_heads, kv[0], kv[1])
     return regions.all_to_all(out[:, held], axis, split_dim=1, concat_dim=2)
 
 
@@ -342,9 +331,8 @@ CORES = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ul
 
 
 def apply_context_parallel(model, cp_axis: comm.Axis, impl: str = "ring"):
-    """Make every attention layer of `model` context-parallel over `cp_axis`."""
-    if impl not in CORES:
-        raise ConfigError(unknown("--cp-impl", impl, CORES))
+    """Make every attention layer of `model` context-parallel over `cp_axis` (`impl` one of
+    `CORES`, as `ParallelConfig` checks `--cp-impl`)."""
     core = functools.partial(CORES[impl], axis=cp_axis)
     for layer in model.layers.values():
         layer.self_attn.core = core

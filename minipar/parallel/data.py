@@ -164,9 +164,10 @@ class DataParallel:
 
     # -- what the loop, the optimizer and checkpoints see --------------------------------
     def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
-        """(gradient this rank holds, its parameter): whole gradients, the same on every
-        rank of the group."""
-        return [(p.grad, p) for p in self.params if p.grad is not None]
+        """(gradient this rank holds, its parameter): the gradients of what the optimizer
+        updates, here whole and the same on every rank of the group (ZeRO: this rank's
+        pieces)."""
+        return [(x.grad, p) for x, p in self.optimizer_params() if x.grad is not None]
 
     def optimizer_params(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
         """(tensor the optimizer updates, its parameter): here the parameter itself."""

@@ -97,19 +97,17 @@ def tied_gradient_sync(chunks):
     ZeRO both copies are sharded identically (same shape, same dp rank), so summing this
     rank's pieces is summing the whole. The head's copy is marked a replica along "pp" so the
     global gradient norm counts the matrix once."""
-    owners = [m for m in chunks if getattr(m, "tie_axis", None) is not None]
-    tied = {id(mod.weight) for m in owners for mod in (m.embed_tokens, m.lm_head) if mod is not None}
-    if not tied:
+    owners = [m for m in chunks if getattr(m, "tie_axis", None) is not None]   # end ranks only
+    if not owners:
         return None
-    for m in owners:
-        if m.lm_head is not None:
-            mark_replica(m.lm_head.weight, "pp")
-    axis = owners[0].tie_axis
+    tied = {id(x.weight) for m in owners for x in (m.embed_tokens, m.lm_head) if x is not None}
+    for head in (m.lm_head for m in owners if m.lm_head is not None):
+        mark_replica(head.weight, "pp")
 
     def sync(grads):
         for g, p in grads:
             if id(p) in tied:
-                comm.all_reduce(g, axis)
+                comm.all_reduce(g, owners[0].tie_axis)
     return sync
 
 
@@ -151,8 +149,7 @@ class _Pipeline:
         self.outbox: dict[Message, torch.Tensor] = {}   # computed, not yet posted
         self.sent: list = []                            # (tensor, handle): alive until done
         self.loss = torch.zeros(())
-        p0 = next(chunks[0].parameters())
-        self.dtype, self.device = p0.dtype, p0.device
+        self.like = next(chunks[0].parameters())       # receive buffers take its dtype, device
 
     def shape(self, mb: int) -> tuple[int, int, int]:
         x = self.micro[mb][0]
@@ -203,7 +200,7 @@ class _Pipeline:
         return self.loss
 
     def post_recv(self, msg: Message):
-        buf = torch.empty(self.shape(msg.microbatch), dtype=self.dtype, device=self.device)
+        buf = self.like.new_empty(self.shape(msg.microbatch))
         self.received[msg] = comm.exchange_async(
             recvs=[(buf, self.peer(msg.src_stage), msg.tag(self.m))])
 

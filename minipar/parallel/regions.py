@@ -84,13 +84,12 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis, split_dim, concat_dim):
-        ctx.axis, ctx.dims = axis, (split_dim, concat_dim)
+        ctx.axis, ctx.way_back = axis, (concat_dim, split_dim)
         return comm.all_to_all(x, axis, split_dim, concat_dim)
 
     @staticmethod
     def backward(ctx, g):
-        split_dim, concat_dim = ctx.dims
-        return comm.all_to_all(g, ctx.axis, concat_dim, split_dim), None, None, None
+        return comm.all_to_all(g, ctx.axis, *ctx.way_back), None, None, None
 
 
 def copy_to_group(x, axis: comm.Axis):

@@ -22,7 +22,7 @@ import itertools
 from collections import Counter
 from typing import NamedTuple
 
-from ..config import ConfigError, ModelConfig, positive, schedule_problems
+from ..config import ConfigError, ModelConfig, positive, refuse, schedule_problems
 
 # The chapter's closed forms (the bubble of each schedule, the bytes, what is in flight) are
 # in `minipar.formulas.pipeline_parallel`, with the other chapters' formulas.
@@ -97,23 +97,18 @@ def split_layers(n_layers: int, n_stages: int, first_last_lighter: int = 0) -> l
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def stage_split(n_layers: int, n_stages: int) -> list[range]:
+@functools.lru_cache(maxsize=4096)   # the planner asks for one split tens of thousands of times
+def stage_split(n_layers: int, n_stages: int) -> tuple[range, ...]:
     """The cost model's split: `split_layers`, balanced while every stage can hold a layer;
     with one or two stages more than layers, Llama 3's (`first_last_lighter=1`): the first
     stage holds only the embedding, the last only the head and loss (405B: 126 layers on
-    16 x 8 = 128 stages, one layer each in between)."""
-    return split_layers(n_layers, n_stages, 1 if n_stages > n_layers else 0)
+    16 x 8 = 128 stages, one layer each in between). A tuple: remembered, so never changed."""
+    return tuple(split_layers(n_layers, n_stages, 1 if n_stages > n_layers else 0))
 
 
 def stage_layer_counts(n_layers: int, n_stages: int) -> list[int]:
     """Transformer layers of each global pipeline stage (pp * virtual_stages of them)."""
-    return list(_stage_layer_counts(n_layers, n_stages))
-
-
-@functools.lru_cache(maxsize=4096)
-def _stage_layer_counts(n_layers: int, n_stages: int) -> tuple[int, ...]:
-    # remembered: the planner asks for the same split tens of thousands of times
-    return tuple(len(r) for r in stage_split(n_layers, n_stages))
+    return [len(r) for r in stage_split(n_layers, n_stages)]
 
 
 def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, stage: int) -> int:
@@ -144,24 +139,21 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int 
     p, m, v = n_stages, n_microbatches, n_virtual
     # The layout's rules (`config.schedule_problems`), but with a group size of its own,
     # `consecutive`, "m a multiple of p" (rule "groups") gives way to the rules below.
-    bad = positive(pp=p, microbatches=m, virtual_stages=v) or [
-        b for b in schedule_problems(name, p, m, v) if consecutive is None or b.rule != "groups"]
-    if bad:
-        raise ConfigError(*bad)
+    refuse(positive(pp=p, microbatches=m, virtual_stages=v) or [
+        b for b in schedule_problems(name, p, m, v) if consecutive is None or b.rule != "groups"])
     if name != "interleaved":
         if consecutive is not None:
             raise ConfigError(f"consecutive micro-batches only apply to --schedule interleaved, "
                               f"not {name!r}")
         return {"afab": _afab, "1f1b": _one_f_one_b, "zb": _zb_h1}[name](p, m)
     n = p if consecutive is None else consecutive
+    needs = f"--schedule interleaved with {n} consecutive micro-batches needs"
     if m % n:
-        raise ConfigError(f"--schedule interleaved with {n} consecutive micro-batches needs "
-                          f"--microbatches ({m}) to be a multiple of {n}")
+        raise ConfigError(f"{needs} --microbatches ({m}) to be a multiple of {n}")
     if n < p and n != m:
         # Found with `simulate`: several groups smaller than the pipeline deadlock in this
         # order. A single group of m < p runs (Llama 3's "fewer micro-batches than stages").
-        raise ConfigError(f"--schedule interleaved with {n} consecutive micro-batches needs "
-                          f"at least --pp {p} of them per group, or all --microbatches "
+        raise ConfigError(f"{needs} at least --pp {p} of them per group, or all --microbatches "
                           f"({m}) in one group")
     return _interleaved(p, m, v, n)
 
@@ -179,16 +171,18 @@ def _warmup_1f1b(rank: int, p: int, m: int) -> int:
     return min(p - 1 - rank, m)
 
 
+def _phases(warmup: int, total: int, nth=Action) -> list[Action]:
+    """One rank's 1F1B order of `total` forwards and backwards: `warmup` forwards, then one
+    forward and one backward at a time, then the backwards left. `nth("F", k)` is the rank's
+    k-th forward, `nth("B", k)` its k-th backward (plain 1F1B: micro-batch k, one chunk)."""
+    acts = [nth("F", k) for k in range(warmup)]
+    for k in range(total - warmup):                  # steady state: one forward, one backward
+        acts += [nth("F", warmup + k), nth("B", k)]
+    return acts + [nth("B", k) for k in range(total - warmup, total)]  # cool-down: drain
+
+
 def _one_f_one_b(p: int, m: int) -> Schedule:
-    out = []
-    for r in range(p):
-        w = _warmup_1f1b(r, p, m)
-        acts = [Action("F", i) for i in range(w)]
-        for i in range(m - w):                       # steady state: one forward, one backward
-            acts += [Action("F", w + i), Action("B", i)]
-        acts += [Action("B", i) for i in range(m - w, m)]   # cool-down: drain the backwards
-        out.append(acts)
-    return out
+    return [_phases(_warmup_1f1b(r, p, m), m) for r in range(p)]
 
 
 def _interleaved(p: int, m: int, v: int, n: int) -> Schedule:
@@ -200,30 +194,17 @@ def _interleaved(p: int, m: int, v: int, n: int) -> Schedule:
     if v == 1:
         return _one_f_one_b(p, m)  # one chunk per rank: interleaving is plain 1F1B
 
-    def forward(k: int) -> Action:
+    def nth(kind: str, k: int) -> Action:
         group, pos = divmod(k, n * v)
-        return Action("F", group * n + pos % n, pos // n)
+        return Action(kind, group * n + pos % n, pos // n if kind == "F" else v - 1 - pos // n)
 
-    def backward(k: int) -> Action:
-        group, pos = divmod(k, n * v)
-        return Action("B", group * n + pos % n, v - 1 - pos // n)
-
-    total = m * v
-    out = []
-    for r in range(p):
-        # Before its first backward (micro-batch 0 on the last chunk) a rank must have run the
-        # forwards of the other chunks for the first group (N*(v-1)), plus Megatron's
-        # 2*(p-1-r): the forwards that fit while micro-batch 0 goes down the remaining ranks
-        # and back. With free communication p-1-r would give the same bubble with less
-        # memory; the extra forwards keep the rank busy while p2p transfers are in flight
-        # (simulate with t_comm > 0 to see it).
-        w = min(n * (v - 1) + 2 * (p - 1 - r), total)
-        acts = [forward(k) for k in range(w)]
-        for k in range(total - w):
-            acts += [forward(w + k), backward(k)]
-        acts += [backward(k) for k in range(total - w, total)]
-        out.append(acts)
-    return out
+    # Before its first backward (micro-batch 0 on the last chunk) a rank must have run the
+    # forwards of the other chunks for the first group (N*(v-1)), plus Megatron's 2*(p-1-r):
+    # the forwards that fit while micro-batch 0 goes down the remaining ranks and back. With
+    # free communication p-1-r would give the same bubble with less memory; the extra
+    # forwards keep the rank busy while p2p transfers are in flight (simulate with t_comm > 0
+    # to see it).
+    return [_phases(min(n * (v - 1) + 2 * (p - 1 - r), m * v), m * v, nth) for r in range(p)]
 
 
 def _zb_h1(p: int, m: int) -> Schedule:
@@ -232,21 +213,17 @@ def _zb_h1(p: int, m: int) -> Schedule:
     # first W by r steady-state cycles, so that every rank, not just rank 0, keeps p
     # micro-batches between F and W; the postponed W's then fill the cool-down bubble.
     out = []
-    for r in range(p):
-        w = _warmup_1f1b(r, p, m)
-        acts = [Action("F", i) for i in range(w)]
-        pending = []                                  # W's owed, oldest first
-        for i in range(m - w):
-            acts += [Action("F", w + i), Action("B", i)]
-            pending.append(Action("W", i))
-            if i >= r:                                # after the delay: one W per cycle
-                acts.append(pending.pop(0))
-        for i in range(m - w, m):                     # cool-down: each B then an owed W
-            acts.append(Action("B", i))
-            pending.append(Action("W", i))
-            acts.append(pending.pop(0))
-        acts += pending
-        out.append(acts)
+    for r, one_f_one_b in enumerate(_one_f_one_b(p, m)):
+        # after the delay (or from the cool-down on, if that comes first): a W after each B
+        first_paid = min(r, m - _warmup_1f1b(r, p, m))
+        acts, owed = [], []                           # W's owed, oldest first
+        for a in one_f_one_b:
+            acts.append(a)
+            if a.kind == "B":
+                owed.append(Action("W", a.microbatch))
+                if a.microbatch >= first_paid:
+                    acts.append(owed.pop(0))
+        out.append(acts + owed)
     return out
 
 
@@ -271,9 +248,7 @@ def dependencies(action: Action, rank: int, n_stages: int, n_chunks: int = 1
         return [("F", mb, s - 1)] if s > 0 else []
     if action.kind == "B":
         return [("F", mb, s)] + ([("B", mb, s + 1)] if s < last else [])
-    if action.kind == "W":
-        return [("B", mb, s)]
-    raise ScheduleError(f"unknown action kind {action.kind!r} (expected F, B or W)")
+    return [("B", mb, s)]             # W (`check_schedule` has refused any other kind)
 
 
 def check_schedule(schedule: Schedule) -> None:
@@ -286,22 +261,20 @@ def check_schedule(schedule: Schedule) -> None:
     p, v = len(schedule), _n_chunks(schedule)
     mbs = sorted({a.microbatch for acts in schedule for a in acts})
     kinds = ("F", "B", "W") if any(a.kind == "W" for acts in schedule for a in acts) else ("F", "B")
-    want = Counter(Action(k, i, c) for k in kinds for i in mbs for c in range(v))
+    want = {Action(k, i, c) for k in kinds for i in mbs for c in range(v)}
     for r, acts in enumerate(schedule):
         got = Counter(acts)
-        if got != want:
-            wrong = {"repeated": sorted(a for a, n in got.items() if n > 1),
-                     "missing": sorted(set(want - got)),
-                     "unexpected": sorted(set(got - want) - set(want))}
+        wrong = {"repeated": sorted(a for a, n in got.items() if n > 1),
+                 "missing": sorted(want - got.keys()), "unexpected": sorted(got.keys() - want)}
+        if any(wrong.values()):
             raise ScheduleError(f"rank {r} of {p}: " + "; ".join(
                 f"{what} {acts}" for what, acts in wrong.items() if acts))
-        seen = set()
+        at = {a: i for i, a in enumerate(acts)}          # each action once, by now
         for a in acts:
-            local = {"B": "F", "W": "B"}.get(a.kind)
-            if local and Action(local, a.microbatch, a.chunk) not in seen:
+            local = {"B": "F", "W": "B"}.get(a.kind)     # what must come first on this rank
+            if local and at[Action(local, a.microbatch, a.chunk)] > at[a]:
                 raise ScheduleError(f"rank {r}: {a!r} comes before {local}{a.microbatch} "
                                     f"on chunk {a.chunk}")
-            seen.add(a)
 
 
 def peak_in_flight(schedule: Schedule, release: str = "B") -> list[int]:
@@ -366,23 +339,20 @@ def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float 
     duration = {"F": t_f, "B": t_b if split else t_b + t_w, "W": t_w}
     # Each action with what it waits for: (kind, microbatch, stage) keys, and the extra
     # delay of each (the p2p transfer, when the dependency ran on another rank).
-    plan = [[(a, a.stage(r, p), [(d, t_comm if d[2] % p != r else 0.0)
-                                 for d in dependencies(a, r, p, v)])
+    plan = [[(a, [(d, t_comm if d[2] % p != r else 0.0) for d in dependencies(a, r, p, v)])
              for a in acts] for r, acts in enumerate(schedule)]
-    done: dict[tuple[str, int, int], float] = {}      # (kind, mb, stage) -> end time
-    free = [0.0] * p                                   # when each rank is next idle
-    nxt = [0] * p                                      # index of each rank's next action
-    events: list[Event] = []
+    # end times by (kind, mb, stage); when each rank is next idle; each rank's next action
+    done, free, nxt, events = {}, [0.0] * p, [0] * p, []
     progress = True
     while progress:                                    # sweep the ranks until none can move
         progress = False
         for r in range(p):
             while nxt[r] < len(plan[r]):               # run rank r as far as it can go
-                a, stage, deps = plan[r][nxt[r]]
+                a, deps = plan[r][nxt[r]]
                 if not all(d in done for d, _ in deps):
                     break
                 start = max([free[r]] + [done[d] + delay for d, delay in deps])
-                free[r] = done[(a.kind, a.microbatch, stage)] = start + duration[a.kind]
+                free[r] = done[(a.kind, a.microbatch, a.stage(r, p))] = start + duration[a.kind]
                 events.append(Event(r, a.kind, a.microbatch, a.chunk, start, free[r]))
                 nxt[r] += 1
                 progress = True
@@ -397,7 +367,7 @@ def _blocked(plan, nxt, done, p) -> str:
     stuck = [(r, *plan[r][i]) for r, i in enumerate(nxt) if i < len(plan[r])]
     return "; ".join(f"rank {r} is stuck at {a!r}, waiting for " + ", ".join(
         f"{k}{mb} of stage {s} (rank {rank_and_chunk(s, p)[0]})"
-        for (k, mb, s), _ in deps if (k, mb, s) not in done) for r, a, _, deps in stuck)
+        for (k, mb, s), _ in deps if (k, mb, s) not in done) for r, a, deps in stuck)
 
 
 def timeline_from_events(events) -> Timeline:
@@ -462,21 +432,19 @@ def p2p_plan(schedule) -> list[list[tuple[str, object]]]:
     """
     p = len(schedule)
     n_stages = p * _n_chunks(schedule)
-    when = {(e.rank, e.kind, e.microbatch, e.chunk): (e.start, e.end)
+    when = {(e.kind, e.microbatch, stage_of(e.rank, e.chunk, p)): (e.start, e.end)
             for e in simulate(schedule, 1.0, 1.0, 1.0).events}
 
-    def produced(msg: Message) -> float:
-        rank, chunk = rank_and_chunk(msg.src_stage, p)
-        return when[(rank, "F" if msg.kind == "act" else "B", msg.microbatch, chunk)][1]
+    def at(msg: Message) -> tuple:                   # when the action that produces it ends
+        return when[("F" if msg.kind == "act" else "B", msg.microbatch, msg.src_stage)][1], 0, msg
 
     plan = []
     for r, acts in enumerate(schedule):
         keyed = []
         for i, a in enumerate(acts):
-            start, end = when[(r, a.kind, a.microbatch, a.chunk)]
-            keyed += [((produced(msg), 0, msg), ("recv", msg)) for msg in inputs_of(a, r, p, n_stages)]
-            keyed.append(((start, 1, (i,)), ("compute", a)))
-            keyed += [((end, 0, msg), ("send", msg)) for msg in outputs_of(a, r, p, n_stages)]
+            keyed += [(at(msg), ("recv", msg)) for msg in inputs_of(a, r, p, n_stages)]
+            keyed.append(((when[a.kind, a.microbatch, a.stage(r, p)][0], 1, (i,)), ("compute", a)))
+            keyed += [(at(msg), ("send", msg)) for msg in outputs_of(a, r, p, n_stages)]
         plan.append([step for _, step in sorted(keyed, key=lambda kv: kv[0])])
     return plan
 
@@ -486,23 +454,20 @@ def check_p2p_plan(plan) -> None:
     strictest transport, a rendezvous) and raise `RuntimeError` if it cannot finish.
     It also proves each pair of ranks posts its messages to each other in the same order."""
     p = len(plan)
-    posts = [[step for step in prog if step[0] != "compute"] for prog in plan]  # never block
-    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for prog in posts for _, m in prog)
-    pos = [0] * p
-    while True:
+    # each rank's posts (computations never block), as a stack: the next one last
+    todo = [[step for step in reversed(prog) if step[0] != "compute"] for prog in plan]
+    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for posts in todo for _, m in posts)
+    moved = True
+    while moved:
         moved = False
-        for r in range(p):
-            if pos[r] == len(posts[r]):
-                continue
-            kind, msg = posts[r][pos[r]]
-            peer = rank_and_chunk(msg.dst_stage if kind == "send" else msg.src_stage, p)[0]
-            partner = ("recv" if kind == "send" else "send", msg)
-            if pos[peer] < len(posts[peer]) and posts[peer][pos[peer]] == partner:
-                pos[r] += 1
-                pos[peer] += 1
-                moved = True
-        if all(pos[r] == len(posts[r]) for r in range(p)):
-            return
-        if not moved:
-            stuck = [f"rank {r} at {posts[r][pos[r]]}" for r in range(p) if pos[r] < len(posts[r])]
-            raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(stuck))
+        for posts in todo:             # a transfer: a send meeting its receive, seen by the sender
+            if posts and posts[-1][0] == "send":
+                msg = posts[-1][1]
+                peer = todo[rank_and_chunk(msg.dst_stage, p)[0]]
+                if peer and peer[-1] == ("recv", msg):
+                    posts.pop()
+                    peer.pop()
+                    moved = True
+    stuck = [f"rank {r} at {posts[-1]}" for r, posts in enumerate(todo) if posts]
+    if stuck:
+        raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(stuck))

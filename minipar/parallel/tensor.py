@@ -45,30 +45,29 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..comm import Axis
 from ..model import cross_entropy_sum
 from . import regions
-from .collective_matmul import (SEQ_DIM, CollectiveColumnParallelLinear, CollectiveRowParallelLinear,
-                                enter_by_collective_matmul)
+from .collective_matmul import (SEQ_DIM, CollectiveColumnParallelLinear,
+                                CollectiveRowParallelLinear, enter_by_collective_matmul)
 
 
 # ----------------------------------------------------------------- entering and leaving
-def enter_tp(x, axis: Axis, sp: bool):
+def enter_tp(x, axis: comm.Axis, sp: bool):
     """Make the block's input whole on every rank: f (identity forward, all-reduce of the
     gradient backward), or under SP the all-gather of the sequence shards."""
-    if not sp:
-        return regions.copy_to_group(x, axis)
-    # The gathered [b, s, h] arrives as a strided view (the ranks' pieces are stacked along
-    # dim 0). Made contiguous once here, q, k and v share one copy, for compute and for the
-    # tensors saved for backward; else each linear would copy (and save) its own. Megatron
-    # keeps activations as [s, b, h] so that the sequence dim is the outer one.
-    return regions.gather_from_group(x, axis, SEQ_DIM).contiguous()
+    # SP: the gathered [b, s, h] arrives as a strided view (the ranks' pieces are stacked
+    # along dim 0). Made contiguous once here, q, k and v share one copy, for compute and for
+    # the tensors saved for backward; else each linear would copy (and save) its own.
+    # Megatron keeps activations as [s, b, h] so that the sequence dim is the outer one.
+    return (regions.gather_from_group(x, axis, SEQ_DIM).contiguous() if sp
+            else regions.copy_to_group(x, axis))
 
 
-def exit_tp(x, axis: Axis, sp: bool):
+def exit_tp(x, axis: comm.Axis, sp: bool):
     """Sum the ranks' partial outputs: g (all-reduce forward), or under SP a reduce-scatter
     that leaves each rank the sum for its own slice of the sequence."""
-    return regions.reduce_scatter_to_group(x, axis, SEQ_DIM) if sp else regions.reduce_from_group(x, axis)
+    return (regions.reduce_scatter_to_group(x, axis, SEQ_DIM) if sp
+            else regions.reduce_from_group(x, axis))
 
 
 def mark_replica(p, axis: str):
@@ -79,7 +78,7 @@ def mark_replica(p, axis: str):
     return p
 
 
-def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
+def shard_param(full: torch.Tensor, axis: comm.Axis, dim: int) -> nn.Parameter:
     """This rank's 1/t of `full` along `dim`, as a parameter of its own; `_tp_dim` records
     the split so the shard can be compared with a slice of the reference gradient."""
     piece = full.detach().chunk(axis.size, dim=dim)[axis.rank]
@@ -88,7 +87,7 @@ def shard_param(full: torch.Tensor, axis: Axis, dim: int) -> nn.Parameter:
     return p
 
 
-def replica_over_tp(p: nn.Parameter, axis: Axis, sp: bool) -> nn.Parameter:
+def replica_over_tp(p: nn.Parameter, axis: comm.Axis, sp: bool) -> nn.Parameter:
     """A weight every TP rank holds whole (a norm's, a row-parallel bias): counted once.
     Under SP it meets only this rank's tokens, so its gradient is a partial sum: marked
     (`_partial_over`), `sum_partial_grads` adds the other ranks' parts once per step."""
@@ -105,13 +104,11 @@ def sum_partial_grads(grads) -> None:
     commute, so (sum over micro-batches and dp x cp of the TP-partial gradients) summed
     over TP is the full gradient, and it is one collective per step, not one per norm per
     micro-batch. Under ZeRO a rank holds a piece of each gradient: the piece is summed."""
-    partial = [(g, p._partial_over) for g, p in grads if getattr(p, "_partial_over", None)]
-    if not partial:
-        return
-    axis = partial[0][1]
-    flat = comm.all_reduce(torch.cat([g.reshape(-1) for g, _ in partial]), axis)
-    for (g, _), total in zip(partial, flat.split([g.numel() for g, _ in partial])):
-        g.copy_(total.view_as(g))
+    partial = [(g, p._partial_over) for g, p in grads if hasattr(p, "_partial_over")]
+    if partial:
+        flat = comm.all_reduce(torch.cat([g.reshape(-1) for g, _ in partial]), partial[0][1])
+        for (g, _), total in zip(partial, flat.split([g.numel() for g, _ in partial])):
+            g.copy_(total.view_as(g))
 
 
 # ------------------------------------------------------------------------ the layers
@@ -121,7 +118,7 @@ class ColumnParallelLinear(nn.Module):
     x is already in the TP region: the plan entered it (f, or the SP all-gather) once for
     every layer that reads it (q, k, v; gate, up), not once per matrix (`entered`)."""
 
-    def __init__(self, linear: nn.Linear, axis: Axis):
+    def __init__(self, linear: nn.Linear, axis: comm.Axis):
         super().__init__()
         self.weight = shard_param(linear.weight, axis, dim=0)
         self.bias = shard_param(linear.bias, axis, dim=0) if linear.bias is not None else None
@@ -137,12 +134,13 @@ class RowParallelLinear(nn.Module):
     The bias is added after the reduction: added before, it would be counted t times.
     """
 
-    def __init__(self, linear: nn.Linear, axis: Axis, sp: bool = False):
+    def __init__(self, linear: nn.Linear, axis: comm.Axis, sp: bool = False):
         super().__init__()
         self.axis, self.sp = axis, sp
         self.weight = shard_param(linear.weight, axis, dim=1)
-        bias = linear.bias           # replicated: the same on every rank, added after the sum
-        self.bias = None if bias is None else replica_over_tp(nn.Parameter(bias.detach().clone()), axis, sp)
+        # the bias is replicated: the same on every rank, added after the sum
+        self.bias = (None if linear.bias is None
+                     else replica_over_tp(nn.Parameter(linear.bias.detach().clone()), axis, sp))
 
     def forward(self, x):
         y = exit_tp(F.linear(x, self.weight), self.axis, self.sp)
@@ -154,16 +152,15 @@ class VocabParallelEmbedding(nn.Module):
     fall in its rows, writes zeros for the others, and the ranks' results are summed (g; a
     reduce-scatter along the sequence under SP). The gradient of each row is local."""
 
-    def __init__(self, embedding: nn.Embedding, axis: Axis, sp: bool = False):
+    def __init__(self, embedding: nn.Embedding, axis: comm.Axis, sp: bool = False):
         super().__init__()
         self.axis, self.sp = axis, sp
-        self.rows = embedding.num_embeddings // axis.size
-        self.start = axis.rank * self.rows
         self.weight = shard_param(embedding.weight, axis, dim=0)
 
     def forward(self, tokens):
-        local = tokens - self.start
-        outside = (local < 0) | (local >= self.rows)
+        rows = self.weight.shape[0]           # this rank's: [rank * rows, (rank + 1) * rows)
+        local = tokens - self.axis.rank * rows
+        outside = (local < 0) | (local >= rows)
         h = F.embedding(local.masked_fill(outside, 0), self.weight)
         h = h.masked_fill(outside.unsqueeze(-1), 0.0)
         return exit_tp(h, self.axis, self.sp)
@@ -180,17 +177,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, axis):
         z = logits.float()
         n_local = z.shape[-1]
-        m = z.max(dim=-1, keepdim=True).values
-        comm.all_reduce(m, axis, op="max")
-        z = z - m
+        z = z - comm.all_reduce(z.max(dim=-1, keepdim=True).values, axis, op="max")
         local = targets.unsqueeze(-1) - axis.rank * n_local
         mine = (local >= 0) & (local < n_local)
         local = local.clamp(0, n_local - 1)
-        target_logit = z.gather(-1, local) * mine
         exp = z.exp()
-        sum_exp = exp.sum(dim=-1, keepdim=True)
-        comm.all_reduce(sum_exp, axis)
-        comm.all_reduce(target_logit, axis)
+        sum_exp = comm.all_reduce(exp.sum(dim=-1, keepdim=True), axis)
+        target_logit = comm.all_reduce(z.gather(-1, local) * mine, axis)
         ctx.save_for_backward(exp.div_(sum_exp), local, mine)
         ctx.dtype = logits.dtype
         return (sum_exp.log() - target_logit).sum()
@@ -202,12 +195,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return (grad * g).to(ctx.dtype), None, None
 
 
-def vocab_parallel_cross_entropy_sum(logits_local, targets, tp_axis: Axis):
+def vocab_parallel_cross_entropy_sum(logits_local, targets, tp_axis: comm.Axis):
     """Sum of token losses from this rank's vocabulary slice of the logits [..., V/t];
     the same value on every TP rank. Never gathers the [..., V] logits."""
-    if tp_axis.size == 1:
-        return cross_entropy_sum(logits_local, targets)
-    return _VocabParallelCrossEntropy.apply(logits_local, targets, tp_axis)
+    return (cross_entropy_sum(logits_local, targets) if tp_axis.size == 1
+            else _VocabParallelCrossEntropy.apply(logits_local, targets, tp_axis))
 
 
 # ------------------------------------------------------------------------ the plan
@@ -242,14 +234,14 @@ def style_of(name: str, plan=TP_PLAN) -> str | None:
     return next((style for pattern, style in plan if fnmatch.fnmatchcase(name, pattern)), None)
 
 
-def replicated(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+def replicated(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
     """Its weights stay whole on every rank (`replica_over_tp`)."""
     for p in module.parameters(recurse=False):
         replica_over_tp(p, axis, sp)
     return module
 
 
-def entered(module: nn.Module, axis: Axis, sp: bool) -> nn.Module:
+def entered(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
     """`module`'s input enters the TP region before its forward runs, once for all the
     column-parallel layers inside that read it."""
     module.register_forward_pre_hook(lambda mod, args: (enter_tp(args[0], axis, sp), *args[1:]))
@@ -266,26 +258,24 @@ STYLES = {
     "head": lambda m, axis, sp: entered(ColumnParallelLinear(m, axis), axis, sp),
 }
 # --tp-overlap: the same split, the collective matmul's layers (`collective_matmul`)
-OVERLAP_STYLES = {
-    **STYLES,
+OVERLAP_STYLES = STYLES | {
     "enter": enter_by_collective_matmul,
-    "rowwise": lambda m, axis, sp: CollectiveRowParallelLinear(RowParallelLinear(m, axis, sp), axis),
+    "rowwise": lambda m, axis, sp: CollectiveRowParallelLinear(RowParallelLinear(m, axis, sp)),
     "head": lambda m, axis, sp: CollectiveColumnParallelLinear(ColumnParallelLinear(m, axis), axis),
 }
 
 
-def apply_tensor_parallel(model: nn.Module, tp_axis: Axis, sp: bool = False, plan=TP_PLAN,
+def apply_tensor_parallel(model: nn.Module, tp_axis: comm.Axis, sp: bool = False, plan=TP_PLAN,
                           overlap: bool = False):
     """Split `model` (the reference Transformer, or a pipeline stage of it) over `tp_axis`,
     in place, by `plan`; return it. Modules the plan does not name are left alone.
     `overlap` (needs `sp`): the collective matmul's layers (`OVERLAP_STYLES`)."""
     styles = OVERLAP_STYLES if overlap else STYLES
-    tied = getattr(model, "lm_head", None) is not None and getattr(model, "embed_tokens", None) \
-        is not None and model.lm_head.weight is model.embed_tokens.weight
+    head, embedding = model.lm_head, model.embed_tokens
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
     # children before their block: a block's collective matmul computes with their shards
     for name, module in reversed(list(model.named_modules())):
-        style = style_of(name, plan)
-        if style is not None:
+        if (style := style_of(name, plan)) is not None:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, styles[style](module, tp_axis, sp))
     if tied:      # embedding and head split the same way (rows = vocabulary): one shard

@@ -116,16 +116,12 @@ class ZeRO1(DataParallel):
         """After it, each piece's `.grad` is this rank's piece of the summed gradient
         (zeros where none arrived), ready for clipping and a plain optimizer step."""
         super().finish_backward()
-        for b in self.buckets:
-            for x in b.pieces:
-                x.grad = torch.zeros_like(x) if x.grad is None else x.grad
-
-    def grads(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
-        """(this rank's piece of the gradient, its parameter): each held by one rank only."""
-        return [(x.grad, p) for b in self.buckets for x, p in zip(b.pieces, b.params)
-                if x.grad is not None]
+        for x in (x for b in self.buckets for x in b.pieces if x.grad is None):
+            x.grad = torch.zeros_like(x)
 
     def optimizer_params(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
+        """(this rank's piece, its parameter): each piece, and so its gradient (`grads()`),
+        held by one rank only."""
         return [(x, p) for b in self.buckets for p, x in zip(b.params, b.pieces)]
 
     def shard_of(self, p: nn.Parameter) -> Shard:
@@ -228,13 +224,10 @@ class ZeRO3(ZeRO2):
         """Make this unit's weights whole, then start gathering `prefetch`, the unit that
         runs after it (the next in forward, the previous in backward), so that its
         all-gather overlaps with this unit's compute: FSDP's prefetch."""
-        if b.gathering is not None:
-            packed, b.gathering = b.gathering.wait(), None
-        elif not self._gathered(b):
-            packed = comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis)
-        else:
-            packed = None          # already whole (e.g. forward and backward back to back)
-        if packed is not None:
+        if not self._gathered(b):  # (it may be whole: forward and backward back to back)
+            prefetched, b.gathering = b.gathering, None     # in flight already, or None
+            packed = (prefetched.wait() if prefetched is not None
+                      else comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis))
             for p, full in zip(b.params, b.layout.unpack(packed)):
                 p.data = full
         if prefetch is not None and prefetch.gathering is None and not self._gathered(prefetch):
@@ -258,9 +251,8 @@ class ZeRO3(ZeRO2):
         gradients long after B, and a forward of another micro-batch in between has freed
         the weights W needs."""
         mine = {id(p) for p in module.parameters()}
-        for b in self.buckets:
-            if id(b.params[0]) in mine:
-                self._gather_unit(b)
+        for b in [b for b in self.buckets if id(b.params[0]) in mine]:
+            self._gather_unit(b)
 
     # -- the step ----------------------------------------------------------------------
     def _launch(self, b: ShardedBucket):

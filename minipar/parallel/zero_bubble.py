@@ -68,10 +68,8 @@ def backward_input(out, dout, boundary, weights):
     finally:
         for h in hooks:
             h.remove()
-    work = []
     below_root = _weights_below(root, weights)       # the embedding, on the first stage
-    if below_root:
-        work.append(([get_gradient_edge(boundary)], [d_input], below_root))
+    work = [([get_gradient_edge(boundary)], [d_input], below_root)] if below_root else []
     for node, below in branches:
         grads = seen[node]
         work.append(([GradientEdge(node, i) for i, g in enumerate(grads) if g is not None],
@@ -92,9 +90,8 @@ class SplitBackward:
         self.deferred: dict[tuple[int, int], list] = {}     # (mb, chunk) -> W's work
 
     def b(self, pipe, a, work, dout):
-        weights = list(pipe.chunks[a.chunk].parameters())
-        d_input, self.deferred[(a.microbatch, a.chunk)] = backward_input(work.out, dout,
-                                                                         work.boundary, weights)
+        d_input, self.deferred[(a.microbatch, a.chunk)] = backward_input(
+            work.out, dout, work.boundary, pipe.chunks[a.chunk].parameters())
         return d_input
 
     def w(self, pipe, a):

@@ -13,8 +13,8 @@ from .tensor_parallel import (plot_collective_matmul, plot_saved_activations, pl
 from .pipeline_parallel import plot_bubble_vs_microbatches, plot_schedule, plot_trace
 from .context_parallel import (plot_allgather_mask, plot_cp_bytes, plot_cp_layout,
                                plot_cp_memory, plot_cp_work)
-from .fourd import (plot_bubble_threshold, plot_cp_threshold, plot_dp_threshold, plot_plan,
-                    plot_rank_grid, plot_tp_threshold)
+from .fourd import (describe_grid, plot_bubble_threshold, plot_cp_threshold, plot_dp_threshold,
+                    plot_plan, plot_rank_grid, plot_tp_threshold)
 from .memory import (plot_layer_breakdown, plot_measured_vs_predicted, plot_recompute_tradeoff,
                      plot_table4_budget)
 from .mfu import (comm_volume_figure, constants_figure, measured_vs_predicted_figure,

@@ -21,6 +21,18 @@ from ...grid import AXES, ProcessGrid
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
 
+def describe_grid(grid: ProcessGrid) -> str:
+    """Which ranks share each group, as a table a reader can check against the figure."""
+    dims = " ".join(f"{a}={grid.sizes[a]}" for a in AXES)
+    lines = [f"world of {grid.world_size} ranks: {dims} (order [TP, CP, PP, DP], TP innermost)"]
+    for name in (*AXES, "dp_cp"):
+        groups = grid.all_groups(name)
+        shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:8])
+        more = f" ... ({len(groups)} groups)" if len(groups) > 8 else ""
+        lines.append(f"  {name:5s} groups of {len(groups[0])}: {shown}{more}")
+    return "\n".join(lines)
+
+
 def plot_rank_grid(tp: int = 2, cp: int = 2, pp: int = 2, dp: int = 2):
     """Which ranks share each group: one panel per axis, the same arrangement of ranks in
     each (a column per (cp, tp) pair, a row per (dp, pp) pair), ranks of one group in one
