@@ -40,12 +40,14 @@ rebuilding whole ones in memory, and resharding reads only the byte ranges it ne
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import io
 import json
 import math
 import os
 import shutil
+import tempfile
 from collections import defaultdict
 
 import torch
@@ -57,6 +59,7 @@ from .config import ConfigError, ModelConfig
 FORMAT = "minipar-checkpoint/1"
 MANIFEST, LATEST, HISTORY, RNG = "manifest.json", "latest", "history.jsonl", "rng.pt"
 ADAM = ("exp_avg", "exp_avg_sq")     # AdamW's m and v, saved beside each slice of a parameter
+MARK = ".minipar"     # in each directory minipar made: what is in it is minipar's to replace
 
 
 class CheckpointError(ConfigError):
@@ -64,6 +67,46 @@ class CheckpointError(ConfigError):
 
 
 # ================================================================ where checkpoints are
+def check_out_dir(flag: str, path: str, own: bool = True, replaced: bool = False) -> None:
+    """`path` can take minipar's output, before any rank starts: not a file; with `own`, a
+    new or empty directory or one with minipar's MARK (a directory of the user's files is
+    refused, never emptied), and one `replaced` whole (an export) holds no checkpoints; and
+    writable, proved by a probe file made and removed in it (`replaced`: in the directory
+    above, where it is renamed into place) or, for a new one, in the nearest directory above
+    it that exists. `os.access` would say yes to root even under /proc."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a file, not a directory")
+    names = os.listdir(path) if own and os.path.isdir(path) else []
+    if names and (MARK not in names or replaced and LATEST in names):
+        raise ConfigError(f"{flag} {path} holds files minipar may not replace (no {MARK}"
+                          f"{', or checkpoints' if replaced else ''}): give a new or empty one")
+    where = os.path.dirname(os.path.abspath(path)) if replaced else os.path.abspath(path)
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    try:        # a file with no name (or one removed at once), and one byte: a full disk too
+        with tempfile.TemporaryFile(dir=where, buffering=0) as probe:
+            probe.write(b"\n")
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write in {where}: {e.strerror}") from None
+
+
+def claim(root: str):
+    """The --save directory `root` is this run's (made, with its MARK, if new) for as long
+    as the returned file is open: an exclusive `flock` on MARK, which holds the owner's pid.
+    The kernel drops the lock when its owner dies, so a crashed run never keeps it; a second
+    run on `root` is refused instead of writing into the same `step_N.tmp`."""
+    os.makedirs(root, exist_ok=True)
+    mark = open(os.path.join(root, MARK), "a+")
+    try:
+        fcntl.flock(mark, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"--save {root} is in use by another run "
+                          f"({open(mark.name).read().strip()}): one run per directory") from None
+    mark.truncate(0)
+    print(f"minipar --save, pid {os.getpid()}", file=mark, flush=True)
+    return mark
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
 
@@ -210,7 +253,7 @@ def meaning_changes(manifest: dict, cfg) -> dict:
 
 def check_flags(cfg) -> None:
     """What --resume names on disk, before any rank starts (`preflight.check_run`, which
-    also checks that --save is a directory; the flags' own rules, --save-every's among
+    also checks --save with `check_out_dir`; the flags' own rules, --save-every's among
     them, are `TrainConfig.problems`): a checkpoint of this model whose steps meant what
     this run's mean."""
     if cfg.resume is not None:
@@ -356,15 +399,31 @@ def save(root: str, step: int, chunks, dp, optimizer, grid, cfg, history: list[d
         info = _write_shard(os.path.join(tmp, name), entries, grid)
         reports = [None] * grid.world_size
         dist.all_gather_object(reports, (name, info, _rng_state()))
-        if grid.rank == 0:
-            _commit(root, tmp, final, step, cfg, reports, history)
-        dist.barrier()       # nobody goes on (or dies) before the checkpoint is complete
+        # a file that could not be written (a full disk): every rank knows it from the reports
+        failed = [next((i["error"] for _, i, _ in reports if "error" in i), None)]
+        if grid.rank == 0 and not failed[0]:
+            try:
+                _commit(root, tmp, final, step, cfg, reports, history)
+            except OSError as e:
+                failed[0] = f"{e.filename}: {e.strerror}"
+        dist.broadcast_object_list(failed, src=0)    # nobody goes on before it is complete
+    if failed[0]:         # no checkpoint: the one before stays `latest`, the debris goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"--save {root}: could not write the checkpoint of step {step} "
+                              f"({sum(i['bytes'] for _, i, _ in reports)} bytes): {failed[0]}; "
+                              f"the latest checkpoint is still {latest(root) or 'none'}")
     return final
 
 
 def _write_shard(path: str, entries: list[dict], grid) -> dict:
-    """One rank's file; returns what the manifest records of it."""
-    info = _write(path, _torch_bytes({"rank": grid.rank, "entries": entries}))
+    """One rank's file; returns what the manifest records of it, or (a full disk, say: the
+    others must hear of it, not wait in the collective for a rank that raised) its size and
+    the error."""
+    data = _torch_bytes({"rank": grid.rank, "entries": entries})
+    try:
+        info = _write(path, data)
+    except OSError as e:
+        return {"bytes": len(data), "error": f"{path}: {e.strerror}"}
     info.update(rank=grid.rank, coords=grid.coords(grid.rank),
                 names=sorted({e["name"] for e in entries}))
     return info
@@ -373,9 +432,9 @@ def _write_shard(path: str, entries: list[dict], grid) -> dict:
 def replace_dir(tmp: str, final: str) -> None:
     """Move the complete directory `tmp` to `final`. When `final` exists: two renames, not
     one (a directory cannot replace a non-empty one); between them `final` is briefly
-    missing, but whatever points at it (`latest`) is written only after both."""
-    old = final + ".old"
-    shutil.rmtree(old, ignore_errors=True)
+    missing, but whatever points at it (`latest`) is written only after both. The old one
+    goes to a new, empty name (nobody's file is in the way) and is removed last."""
+    old = tempfile.mkdtemp(suffix=".old", dir=os.path.dirname(os.path.abspath(final)))
     if os.path.exists(final):
         os.rename(final, old)
     os.rename(tmp, final)

@@ -56,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                description="Train a Llama-style model on tp*cp*pp*dp ranks: local gloo "
                            "processes, or the torchrun world.",
-               epilog="Signals: SIGTERM or Ctrl-C stops every rank at the next step boundary "
-                      "(with --save, after a checkpoint there; a second Ctrl-C stops at once), "
-                      "one line, exit 128+signal (143, 130). Under torchrun, start the agent "
-                      "as `python -m minipar.torchrun` (torchrun's flags) for the same.")
+               epilog="Signals: SIGTERM, SIGHUP, SIGUSR1 (Slurm's --signal) or Ctrl-C stop every "
+                      "rank at the next step boundary (with --save, after a checkpoint there; a "
+                      "second one stops at once), one line, exit 128+signal (143, 130). Under "
+                      "torchrun, start the agent as `python -m minipar.torchrun` for the same.")
     add_flags(p.add_argument_group("layout (ParallelConfig)"), ParallelConfig)
     add_flags(p.add_argument_group("run (TrainConfig)"), TrainConfig)
     return p

@@ -91,9 +91,6 @@ class CommLog:
             out.setdefault(axis, {})[op] = asdict(st)
         return out
 
-    def total(self, axis: str | None = None, key: str = "wire_bytes") -> int:
-        return sum(getattr(st, key) for (a, _), st in self.stats.items() if axis in (None, a))
-
 
 LOG = CommLog()
 

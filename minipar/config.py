@@ -363,7 +363,10 @@ class TrainConfig:
             ("weight_decay", 0 <= self.weight_decay < math.inf, "must be finite and >= 0"),
             ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1] (a fraction of --lr)"),
             ("clip", 0 <= self.clip < math.inf, "must be finite and >= 0 (0 = off)"),
-            ("timeout_s", 0 < self.timeout_s < math.inf, "must be finite and positive"),
+            # a rank connects to the others within it, and the heartbeat beats every 0.5 s
+            ("timeout_s", 1 <= self.timeout_s < math.inf, "must be finite and positive, >= 1 s"),
+            ("seed", 0 <= self.seed < 2**44, "must be in [0, 2**44): the data's generator is "
+             "seeded seed * 1000003 + step, and torch's seeds are under 2**64"),
             ("stop_grace_s", 0 <= self.stop_grace_s < math.inf, "must be finite and >= 0")]
         out += broken((not ok, flag_of(k), "range", f"{flag_of(k)} {getattr(self, k)} {rule}")
                       for k, ok, rule in numbers)

@@ -13,6 +13,8 @@ holds a `tokenizer.json`, cut into that model's tokens (chapter "Real models in 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from tokenizers import Tokenizer
 
@@ -40,7 +42,9 @@ class SyntheticTokens:
 
 
 class TextTokens:
-    """A text as one long row of token ids; each sequence starts at a seeded offset. It
+    """A text as one long row of token ids, kept in the smallest dtype that holds them
+    (uint8 bytes, int32 ids: an int64 copy of a big file on every rank would not fit); each
+    sequence starts at a seeded offset, its window cast to int64 for the embedding. It
     needs seq_len + 2 tokens or more (`preflight.check_data` says so before any rank starts)."""
 
     def __init__(self, tokens: torch.Tensor, seed: int = 0):
@@ -49,7 +53,7 @@ class TextTokens:
     def batch(self, step: int, n_seqs: int, seq_len: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         starts = torch.randint(0, len(self.data) - seq_len - 1, (n_seqs,), generator=g)
-        return torch.stack([self.data[s:s + seq_len + 1] for s in starts.tolist()])
+        return torch.stack([self.data[s:s + seq_len + 1] for s in starts.tolist()]).long()
 
 
 class TokenizedText(TextTokens):
@@ -60,7 +64,7 @@ class TokenizedText(TextTokens):
         self.tokenizer = Tokenizer.from_file(tokenizer_file)
         with open(path, encoding="utf-8") as f:
             ids = self.tokenizer.encode(f.read(), add_special_tokens=False).ids
-        super().__init__(torch.tensor(ids, dtype=torch.long), seed)
+        super().__init__(torch.tensor(ids, dtype=torch.int32), seed)
 
 
 def make_source(data_path: str | None, vocab_size: int, seed: int,
@@ -72,8 +76,9 @@ def make_source(data_path: str | None, vocab_size: int, seed: int,
         return SyntheticTokens(vocab_size, seed)
     if tokenizer_file:
         return TokenizedText(data_path, tokenizer_file, seed)
-    with open(data_path, "rb") as f:
-        return TextTokens(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long(), seed)
+    # memory-mapped: nothing read up front, and the ranks share the pages the kernel reads
+    return TextTokens(torch.from_file(data_path, size=os.path.getsize(data_path),
+                                      dtype=torch.uint8), seed)
 
 
 def local_microbatches(batch: torch.Tensor, dp_rank: int, dp: int, n_micro: int):

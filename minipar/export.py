@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None,
                    help="copy tokenizer.json (and its config) from this directory")
     args = p.parse_args(argv)
-    try:
+    try:     # before reading anything: a file, a user's directory, an unwritable place
+        checkpoint.check_out_dir("--out", args.out, replaced=True)
         mcfg, state, _ = checkpoint_state(args.resume)
         out = save_pretrained(state, mcfg, args.out, args.tokenizer)
     except ConfigError as e:

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from .cli import Parser
-from .config import ConfigError
+from .config import ConfigError, refuse
 from .export import checkpoint_state
-from .hf import CONFIG, hf_name, load_hf_state_dict, load_model, tokenizer_file
+from .hf import CONFIG, check_dir, hf_name, read_config, tokenizer_file, weight_files
 from .model import Transformer
 
 PROG = "python -m minipar.generate"
@@ -115,6 +117,9 @@ def generate(model: Transformer, prompt: list[int], max_new_tokens: int,
     with KVCache(model) as cache:
         for _ in range(max_new_tokens):
             logits = cache(tokens)[:, -1]
+            if not logits.isfinite().all():     # no token is most likely, nor sampled
+                raise FloatingPointError(f"the logits at position {cache.length - 1} are not "
+                                         "finite (NaN or inf)")
             tokens = pick(logits, temperature, top_k, generator)[:, None]   # decode: one position
             yield int(tokens)
             if int(tokens) in stop:
@@ -127,6 +132,7 @@ class Codec:
 
     def __init__(self, tokenizer: str | None = None):
         self.tokenizer = Tokenizer.from_file(tokenizer) if tokenizer else None
+        self.file = tokenizer
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids if self.tokenizer else list(text.encode())
@@ -153,20 +159,80 @@ def stream(codec: Codec, ids: Iterator[int]) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------- the command
+def load_hf_state_dict(model: Transformer, sd: dict[str, torch.Tensor]):
+    """Load a state dict under Hugging Face names into `model` (only the layers it holds);
+    a tied head saved once, as the embedding, is filled from it."""
+    ours = {name: sd[hf_name(name)] for name in model.state_dict() if hf_name(name) in sd}
+    if model.cfg.tie_embeddings and "lm_head.weight" not in ours and "embed_tokens.weight" in ours:
+        ours["lm_head.weight"] = ours["embed_tokens.weight"]
+    return model.load_state_dict(ours)
+
+
+def load_model(path: str) -> Transformer:
+    """The single-device model of a Hugging Face directory (generation, tests): every
+    tensor of every file, checked first. (The trainer reads a slice per rank instead:
+    `hf.load_weights`.)"""
+    mcfg = read_config(path)
+    check_dir(path, mcfg)
+    model = Transformer(mcfg, seed=None)
+    load_hf_state_dict(model, {name: t for file in set(weight_files(path).values())
+                               for name, t in load_file(file).items()})
+    return model
+
+
 def load(init_hf: str | None, resume: str | None, tokenizer: str | None):
     """(model, codec, end-of-sequence ids) from a Hugging Face directory or a minipar checkpoint."""
+    tokenizer = tokenizer and tokenizer_of(tokenizer)
     if init_hf:
         model = load_model(init_hf)        # checks the directory first
         with open(os.path.join(init_hf, CONFIG)) as f:
             eos = json.load(f).get("eos_token_id")
-        stop = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        return model, Codec(tokenizer or tokenizer_file(init_hf)), stop
+        # one id or a list of them (anything else in the field is no token id)
+        stop = frozenset(i for i in (eos if isinstance(eos, list) else [eos]) if type(i) is int)
+        return model, codec_of(tokenizer or tokenizer_file(init_hf)), stop
     mcfg, state, manifest = checkpoint_state(resume)
     model = Transformer(mcfg, seed=None)
     load_hf_state_dict(model, {hf_name(k): v for k, v in state.items()})
     # a run started from --init-hf DIR trained on DIR's tokens
     tokenizer = tokenizer or tokenizer_file(manifest.get("train", {}).get("init_hf"))
-    return model, Codec(tokenizer), frozenset()
+    return model, codec_of(tokenizer), frozenset()
+
+
+def tokenizer_of(path: str) -> str:
+    """--tokenizer's file: DIR/tokenizer.json, or the file named."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--tokenizer {path}: no such file or directory")
+    if os.path.isdir(path) and not tokenizer_file(path):
+        raise ConfigError(f"--tokenizer {path}: no tokenizer.json in the directory")
+    return tokenizer_file(path) or path
+
+
+def codec_of(tokenizer: str | None) -> Codec:
+    """The `Codec` of a tokenizer.json (None: bytes); one that does not parse is a ConfigError."""
+    try:
+        return Codec(tokenizer)
+    except Exception as e:      # the tokenizers library raises plain Exceptions
+        raise ConfigError(f"tokenizer {tokenizer}: unreadable: {str(e).splitlines()[0]}") from None
+
+
+def unfit(model: Transformer, codec: Codec, prompt: list[int], args) -> list[str]:
+    """What this model cannot do, found before the first token: ids past its vocabulary, a
+    sequence past the positions it attends over (the prompt's mask alone is prompt^2 bytes),
+    weights that are not numbers."""
+    cfg, vocab = model.cfg, codec.tokenizer.get_vocab_size() if codec.tokenizer else 256
+    max_new_tokens, source = args.max_new_tokens, args.init_hf or args.resume
+    out = [f"tokenizer {codec.file}: its vocabulary of {vocab} tokens exceeds the model's "
+           f"vocab_size={cfg.vocab_size}"] if codec.tokenizer and vocab > cfg.vocab_size else []
+    if not codec.tokenizer and max(prompt) >= cfg.vocab_size:
+        out.append(f"--prompt: byte {max(prompt)} is past the model's vocab_size={cfg.vocab_size}"
+                   " (pass --tokenizer)")
+    if len(prompt) + max_new_tokens > cfg.max_seq_len:
+        out.append(f"--prompt of {len(prompt)} tokens + --max-new-tokens {max_new_tokens} = "
+                   f"{len(prompt) + max_new_tokens} positions exceed the model's max_seq_len="
+                   f"{cfg.max_seq_len}")
+    if not all(p.isfinite().all() for p in model.parameters()):
+        out.append(f"{source}: the weights are not finite (NaN or inf): no token can be chosen")
+    return out
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -174,7 +240,8 @@ def parse(argv=None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--init-hf", help="a Hugging Face Llama directory")
     src.add_argument("--resume", help="a minipar checkpoint (any layout), or a --save DIR")
-    p.add_argument("--tokenizer", help="a directory with tokenizer.json (default: the model's, else bytes)")
+    p.add_argument("--tokenizer", help="a directory with tokenizer.json, or the file "
+                                       "(default: the model's, else bytes)")
     p.add_argument("--prompt", default="The ", help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -187,8 +254,10 @@ def problems(args) -> list[str]:
     out = []
     if args.max_new_tokens < 0:
         out.append(f"--max-new-tokens {args.max_new_tokens} must be >= 0")
-    if args.temperature < 0:
-        out.append(f"--temperature {args.temperature} must be >= 0 (0 = greedy)")
+    if not 0 <= args.temperature < math.inf:        # NaN compares False with everything
+        out.append(f"--temperature {args.temperature} must be >= 0 and finite (0 = greedy)")
+    if not 0 <= args.seed < 2**64:
+        out.append(f"--seed {args.seed} must be in [0, 2**64) (torch's generators' seeds)")
     if args.top_k is not None and args.top_k < 1:
         out.append(f"--top-k {args.top_k} must be >= 1")
     if not args.prompt:
@@ -199,9 +268,22 @@ def problems(args) -> list[str]:
 def main(argv=None) -> int:
     args = parse(argv)
     try:
-        if problems(args):
-            raise ConfigError(*problems(args))
+        return write(args)
+    except KeyboardInterrupt:       # Ctrl-C: one line and 128 + SIGINT, as the trainer
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except FloatingPointError as e:
+        print(f"\n{PROG}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def write(args) -> int:
+    """Check the flags, load the model, check it can continue the prompt, then stream."""
+    try:
+        refuse(problems(args))
         model, codec, stop = load(args.init_hf, args.resume, args.tokenizer)
+        prompt = codec.encode(args.prompt)
+        refuse(unfit(model, codec, prompt, args))
     except (ConfigError, OSError, ValueError) as e:
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -211,8 +293,8 @@ def main(argv=None) -> int:
         print(f"{PROG}: note: a {n / 1e6:.1f}M-parameter model writes gibberish; fluent text "
               "takes billions of parameters and tokens; this shows the mechanics", file=sys.stderr)
     print(args.prompt, end="", flush=True)
-    ids = generate(model, codec.encode(args.prompt), args.max_new_tokens, args.temperature,
-                   args.top_k, args.seed, stop)
+    ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                   stop)
     for piece in stream(codec, ids):
         print(piece, end="", flush=True)
     print()

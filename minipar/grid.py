@@ -91,7 +91,3 @@ class ProcessGrid:
                 if self.rank in ranks:
                     self.axes[name].group = g
         return self
-
-    def __repr__(self) -> str:
-        at = ", ".join(f"{a}={i}/{self.sizes[a]}" for a, i in self.coords(self.rank).items())
-        return f"ProcessGrid(rank={self.rank}, {at})"

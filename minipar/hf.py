@@ -36,10 +36,10 @@ import shutil
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from . import comm
-from .checkpoint import ADAM, full_state, named_params, replace_dir, shard_entries
+from .checkpoint import ADAM, MARK, full_state, named_params, replace_dir, shard_entries
 from .config import ConfigError, ModelConfig, TrainConfig
 from .model import Transformer
 
@@ -77,28 +77,41 @@ LLAMA3_ROPE = {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor
                "rope_original_max_len": "original_max_position_embeddings"}
 
 
+# where a config.json gives the rotary embedding's parameters: the older `rope_scaling` (with
+# a top-level `rope_theta`) or transformers 5's `rope_parameters`; transformers reads the first
+ROPE_KEYS = ("rope_scaling", "rope_parameters")
+# the kind of value each field holds (ModelConfig's type of it), and the test of a JSON value
+KIND = {name: type(getattr(ModelConfig, ours)) for ours, name in (HF_NAMES | LLAMA3_ROPE).items()}
+KINDS = {int: ("a positive integer", lambda v: type(v) is int and v > 0),    # true is no count
+         float: ("a finite number > 0", lambda v: type(v) in (int, float) and 0 < v < math.inf),
+         bool: ("true or false", lambda v: type(v) is bool)}
+
+
 def rope_parameters(hf: dict) -> dict:
-    """The rotary embedding's parameters: transformers 5's `rope_parameters`, or the older
-    top-level `rope_theta` and `rope_scaling`; with its `rope_type` ("default": plain RoPE)
-    and `rope_theta` always there."""
-    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    """The rotary embedding's parameters, read as transformers reads them (`ROPE_KEYS`); with
+    its `rope_type` ("default": plain RoPE, the legacy key is `type`) and `rope_theta`."""
+    rope = next((hf[k] for k in ROPE_KEYS if hf.get(k)), {})
     return {"rope_theta": hf.get("rope_theta", 10000.0), "rope_type": rope.get("type", "default"),
             **rope}
 
 
 def config_problems(hf: dict) -> list[str]:
-    """Each field of a Hugging Face Llama config that this model does not implement."""
-    out = [f"missing field {k!r}" for k in REQUIRED if k not in hf]
+    """Each field of a Hugging Face Llama config that this model does not implement, or that
+    is not of its kind (`KIND`). Every RoPE type given is checked, whichever key holds it."""
+    if not isinstance(hf, dict) or not all(isinstance(hf.get(k) or {}, dict) for k in ROPE_KEYS):
+        return [f"must be a JSON object, its {' and '.join(ROPE_KEYS)} objects or null"]
+    out = [f"missing field {k!r}" for k in REQUIRED if hf.get(k) is None]
     out += [f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})"
             for key, allowed in SUPPORTED.items() if key in hf and hf[key] not in allowed]
+    out += [f"{k}: rope_type={t!r} is not supported (plain RoPE, or Llama 3.1's 'llama3')"
+            for k in ROPE_KEYS for t in {(hf.get(k) or {}).get(w, "default") for w in
+                                         ("rope_type", "type")} - {"default", "llama3"}]
     rope = rope_parameters(hf)
-    if rope["rope_type"] not in ("default", "llama3"):
-        out.append(f"rope_scaling: rope_type={rope['rope_type']!r} is not supported (plain RoPE, "
-                   "or Llama 3.1's 'llama3')")
-    elif rope["rope_type"] == "llama3":
-        out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE.values()
-                if k not in rope]
-    if "hidden_size" in hf and "num_attention_heads" in hf:
+    out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE.values()
+            if rope["rope_type"] == "llama3" and k not in rope]
+    out += [f"{k}={v!r} must be {KINDS[KIND[k]][0]}" for k, v in {**hf, **rope}.items()
+            if k in KIND and v is not None and not KINDS[KIND[k]][1](v)]
+    if not out:
         head_dim = hf["hidden_size"] // hf["num_attention_heads"]
         if hf.get("head_dim") not in (None, head_dim):
             out.append(f"head_dim={hf['head_dim']} is not supported: minipar's is hidden_size / "
@@ -110,8 +123,7 @@ def model_config(hf: dict, source: str = "config.json") -> ModelConfig:
     """The `ModelConfig` of a Hugging Face `LlamaConfig` (its `to_dict()` or config.json).
     A field this model does not implement is a `ConfigError` naming it (`config_problems`):
     better no run than a quiet run of another model."""
-    out = config_problems(hf)
-    if out:
+    if out := config_problems(hf):
         raise ConfigError(f"{source}: {'; '.join(out)}")
     rope = rope_parameters(hf)
     given = {**HF_DEFAULTS, "num_key_value_heads": hf["num_attention_heads"],
@@ -258,26 +270,6 @@ def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, tp_rank: int, t
             (p.data.view(-1) if held else shard.data).copy_(piece)
 
 
-def load_model(path: str) -> Transformer:
-    """The single-device model of a Hugging Face directory (generation, tests): every
-    tensor of every file, checked first."""
-    mcfg = read_config(path)
-    check_dir(path, mcfg)
-    model = Transformer(mcfg, seed=None)
-    load_hf_state_dict(model, {name: t for file in set(weight_files(path).values())
-                               for name, t in load_file(file).items()})
-    return model
-
-
-def load_hf_state_dict(model: Transformer, sd: dict[str, torch.Tensor]):
-    """Load a state dict under Hugging Face names into `model` (only the layers it holds);
-    a tied head saved once, as the embedding, is filled from it."""
-    ours = {name: sd[hf_name(name)] for name in model.state_dict() if hf_name(name) in sd}
-    if model.cfg.tie_embeddings and "lm_head.weight" not in ours and "embed_tokens.weight" in ours:
-        ours["lm_head.weight"] = ours["embed_tokens.weight"]
-    return model.load_state_dict(ours)
-
-
 def tokenizer_file(path: str | None) -> str | None:
     """The directory's `tokenizer.json`, when it has one."""
     file = os.path.join(path, "tokenizer.json") if path else None
@@ -289,14 +281,15 @@ def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
                     tokenizer_dir: str | None = None) -> str:
     """Write `state` (full tensors under minipar's names) as a Hugging Face directory:
     config.json, model.safetensors and, from `tokenizer_dir`, its tokenizer files.
-    Atomic: written into `out.tmp`, then renamed to `out` (an older `out` is replaced)."""
+    Atomic: written into `out.tmp<pid>`, then renamed to `out` (an older `out`, minipar's
+    as its MARK says, is replaced; `checkpoint.check_out_dir` refuses anyone else's)."""
     # a tied head is the embedding: one tensor, stored once, as transformers does
     tensors = {hf_name(k): v.detach().to("cpu", torch.float32).contiguous()
                for k, v in state.items() if not (mcfg.tie_embeddings and k == "lm_head.weight")}
-    out = os.path.normpath(out)
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    out = os.path.abspath(out)        # `--out .` too is a directory that can be renamed
+    os.makedirs(tmp := f"{out}.tmp{os.getpid()}")     # this process's name: nobody's file
+    with open(os.path.join(tmp, MARK), "w") as f:
+        f.write("minipar: a Hugging Face export\n")
     save_file(tensors, os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(to_hf(mcfg), f, indent=2)

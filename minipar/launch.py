@@ -16,19 +16,24 @@ exit codes (a rank that died without a report), the heartbeats (a rank that stop
 beating, or beats but never came), and the order of the reports (a rank reports before it
 exits, and its peers fail only after it has exited, so the cause reports first).
 
-Signals. SIGTERM (what Slurm, Kubernetes and `timeout` send) and SIGINT (Ctrl-C) to the
-launcher are passed on to every rank. A rank only raises a flag; at the next step boundary
-all ranks agree on it with one all-reduce (`stop_requested`, reduced by the training loop),
-so they stop at the *same* step, and a run with --save checkpoints there first. Ranks that
-have not stopped within the grace period (or at a second signal) are killed. Nothing is left
-behind either way. Under torchrun the agent passes the signals on; `python -m
-minipar.torchrun` is torchrun whose agent then ends with the same one line.
+Signals. SIGTERM (what Slurm, Kubernetes and `timeout` send), SIGINT (Ctrl-C), SIGHUP (the
+terminal or ssh session is gone) and SIGUSR1 (Slurm's `--signal=USR1@T`: "your time is up
+in T seconds") to the launcher are passed on to every rank. A rank only raises a flag; at
+the next step boundary all ranks agree on it with one all-reduce (`stop_requested`,
+reduced by the training loop), so they stop at the *same* step, and a run with --save
+checkpoints there first. Ranks that have not stopped within the grace period (or at a
+second signal) are killed. Nothing is left behind either way, even when the launcher itself
+is killed (SIGKILL runs none of its code): each rank has asked the kernel to kill it when
+its parent dies (`die_with_parent`). Under torchrun the agent passes the signals on;
+`python -m minipar.torchrun` is torchrun whose agent then ends with the same one line.
 """
 import contextlib
+import ctypes
 import datetime
 import math
 import multiprocessing as mp
 import os
+import pathlib
 import pickle
 import queue
 import signal
@@ -63,7 +68,7 @@ class Stopped(RuntimeError):
 
 
 # ---------------------------------------------------------------- signals
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 _signals: list[int] = []      # the stop signals this process got, in the order they came
 
 
@@ -74,7 +79,7 @@ def stop_requested() -> int:
 
 
 def handle_stop_signals() -> dict:
-    """SIGTERM and SIGINT are noted instead of killing the process: in a rank they raise the
+    """The STOP_SIGNALS are noted instead of killing the process: in a rank they raise the
     flag (no KeyboardInterrupt traceback from inside a collective); in the launcher
     `_collect` passes them on to the ranks. Returns the handlers they replace."""
     _signals.clear()
@@ -85,8 +90,10 @@ def handle_stop_signals() -> dict:
 
 # ---------------------------------------------------------------- where we run
 def in_torchrun() -> bool:
-    """True when torchrun (or Slurm via torchrun) has already made this process a rank."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    """True when torchrun (or Slurm via torchrun) has already made this process a rank.
+    TORCHELASTIC_RUN_ID is set by torchrun's agent alone: RANK, WORLD_SIZE and MASTER_ADDR
+    may be left over in a shell from some other job."""
+    return {"TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR"} <= os.environ.keys()
 
 
 def default_backend() -> str:
@@ -104,6 +111,17 @@ def free_port() -> int:
     """A port the OS says is free now, so that concurrent runs do not collide."""
     with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]
+
+
+def die_with_parent(parent: int):
+    """Have the kernel SIGKILL this rank when its launcher, `parent`, dies, however it dies:
+    a launcher killed by SIGKILL (or the OOM killer) runs no code to stop its ranks, which
+    would otherwise train on, orphaned, and go on writing checkpoints (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing). A parent already gone before that: exit now."""
+    with contextlib.suppress(AttributeError, OSError):     # not Linux: no prctl
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)          # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _init(rank, world_size, backend, timeout_s, init_method="env://"):
@@ -155,6 +173,7 @@ def run_local(fn, world_size: int, *args, backend: str | None = None, timeout_s:
 def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, results, counts):
     """One forked rank: beat, join the world, run `fn`, and report to the launcher its
     result, or its error and whether that error was a wait that timed out."""
+    die_with_parent(mp.parent_process().pid)
     handle_stop_signals()      # the parent's handlers came with the fork: replace them
     # A forked child inherits the parent's OpenMP state; with more than one thread it can
     # hang on it. Two cores shared by N ranks want one thread each anyway.
@@ -178,10 +197,10 @@ def _worker(rank, world_size, backend, timeout_s, port, fn, args, kwargs, result
 
 
 def _pass_on_stop(procs, stop_grace_s: float, stop_by: float) -> float:
-    """In the launcher, while ranks run: the first SIGTERM / SIGINT it got is passed on to
+    """In the launcher, while ranks run: the first of the STOP_SIGNALS it got is passed on to
     every rank and starts the grace period; a second signal, or the end of the grace period,
     raises `Stopped` (the ranks are then killed). SIGINT gets a short grace (Ctrl-C wants the
-    prompt back); SIGTERM `stop_grace_s` (the ranks may be writing a checkpoint). Returns
+    prompt back); the others `stop_grace_s` (the ranks may be writing a checkpoint). Returns
     the end of the grace period (`stop_by`, infinite until a signal came)."""
     if _signals and stop_by == math.inf:
         for p in procs:
@@ -236,8 +255,7 @@ def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str])
     waited for (`hung`), else the first rank that reported. The bystanders follow."""
     if died or not hung:
         cause = min(died) if died else next(iter(errors))
-        what = (f"died (exit code {died[cause]}) without an error report" if died
-                else f"failed: {errors[cause]}")
+        what = death(died[cause]) if died else f"failed: {errors[cause]}"
         others = sorted((set(errors) | set(died)) - {cause})
         tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
         return RankFailed(cause, f"rank {cause} {what}{tail}", raised=not died)
@@ -247,6 +265,50 @@ def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str])
              + errors[first].splitlines()[0]) if errors
             else "the other ranks were left waiting for it")   # the launcher noticed first
     return RankFailed(cause, f"rank {cause} hung ({hung[cause]}){also}; {tail}")
+
+
+def death(code: int) -> str:
+    """How a rank that left no report ended, from its exit code (-N: killed by signal N).
+    A SIGKILL that nobody in the job sent is most often the kernel's OOM killer: the count
+    of OOM kills of this process's memory cgroup says whether it has been at work."""
+    if code != -signal.SIGKILL:
+        return f"died (exit code {code}) without an error report"
+    kills, limit = oom_kills() or (None, None)       # none: out of memory, or a `kill -9`
+    why = ("the usual cause is the kernel's OOM killer: out of memory (`dmesg` says)"
+           if kills is None else f"{'most likely out of memory: ' * bool(kills)}its memory cgroup "
+           f"({limit}) has counted {kills} OOM kill(s)")
+    return f"was killed (SIGKILL, exit -9) without an error report; {why}"
+
+
+def oom_kills(root: str = "/sys/fs/cgroup", mine: str = "/proc/self/cgroup"):
+    """(the OOM kills, the memory limit) of this process's memory cgroup, or None where no
+    cgroup can be read: `oom_kill N` in v2's memory.events or v1's memory.oom_control
+    counts the kills by any OOM killer, the whole machine's too."""
+    with contextlib.suppress(TypeError, ValueError, KeyError):     # TypeError: nothing read
+        events, most = memory_cgroup(("oom", "limit"), root, mine)
+        unlimited = not most.strip().isdigit() or int(most) >= 2**60     # v2 "max", v1 ~2**63
+        return (int(dict(line.split() for line in events.splitlines())["oom_kill"]),
+                "no limit" if unlimited else f"limit {int(most) / 2**30:.1f} GiB")
+
+
+# a memory cgroup's files, in cgroup v2 (its mount's top) and in v1 (under memory/)
+CGROUP_FILES = {"": {"oom": "memory.events", "limit": "memory.max", "usage": "memory.current"},
+                "memory": {"oom": "memory.oom_control", "limit": "memory.limit_in_bytes",
+                           "usage": "memory.usage_in_bytes"}}
+
+
+def memory_cgroup(what, root: str = "/sys/fs/cgroup", mine: str = "/proc/self/cgroup"):
+    """The texts of the files `what` ("oom", "limit", "usage") of this process's memory
+    cgroup, or None where none can be read. Its own cgroup first, as `mine` names it
+    (`0::/path` in v2, `N:memory:/path` in v1: a Slurm job's), then the top of the mount
+    `root` (a container's own cgroup)."""
+    dirs = [(kind, os.path.join(root, kind)) for kind in CGROUP_FILES]
+    with contextlib.suppress(OSError, ValueError), open(mine) as f:
+        dirs[:0] = [(kind, os.path.join(root, kind, path.strip().lstrip("/")))
+                    for _, kind, path in (line.split(":", 2) for line in f) if kind in CGROUP_FILES]
+    for kind, d in dirs:
+        with contextlib.suppress(OSError):
+            return [pathlib.Path(d, CGROUP_FILES[kind][w]).read_text() for w in what]
 
 
 # ---------------------------------------------------------------- a torchrun world
@@ -260,7 +322,10 @@ def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float
     if not in_torchrun():
         return run_local(fn, world_size, *args, backend=backend, timeout_s=timeout_s,
                          stop_grace_s=stop_grace_s, **kwargs)
-    handle_stop_signals()     # torchrun's agent passes SIGTERM/SIGINT on to its workers
+    # torchrun's agent is our parent (one that died while we started took its store with
+    # it: joining the world below fails)
+    die_with_parent(os.getppid())
+    handle_stop_signals()     # torchrun's agent passes the STOP_SIGNALS on to its workers
     ws = int(os.environ["WORLD_SIZE"])
     if ws != world_size:
         raise RuntimeError(f"torchrun started {ws} processes but the layout needs {world_size}")

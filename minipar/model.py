@@ -161,9 +161,8 @@ class Transformer(nn.Module):
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         if positions is None:
             positions = torch.arange(h.shape[1], device=h.device)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
+        cos, sin = rope_cos_sin(positions.to(h.device), self.cfg.head_dim, self.cfg.rope_theta,
                                 self.cfg.llama3_rope)
-        cos, sin = cos.to(h.device), sin.to(h.device)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         return h if self.lm_head is None else self.lm_head(self.norm(h))

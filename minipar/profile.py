@@ -48,10 +48,9 @@ AXES = ("tp", "cp", "pp", "dp", "world")
 
 # ======================================================================= recording
 def start() -> events.Recorder:
-    """Start recording on this rank (every rank calls it: a barrier lines them up)."""
-    if dist.is_initialized():
-        dist.barrier()
-    return events.start(dist.get_rank() if dist.is_initialized() else 0)
+    """Start recording on this rank (every rank of the job calls it: a barrier lines them up)."""
+    dist.barrier()
+    return events.start(dist.get_rank())
 
 
 # -- per-layer spans, from module and tensor hooks -----------------------------------------
@@ -120,10 +119,8 @@ def finish(path: str | Path, coords: dict | None = None, meta: dict | None = Non
     rec = events.stop()
     part = {"rank": rec.rank, "host": socket.gethostname(), "start_ns": rec.start_ns,
             "spans": rec.events, "coords": coords or {}}
-    parts = [part]
-    if dist.is_initialized():
-        parts = [None] * dist.get_world_size() if rec.rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
+    parts = [None] * dist.get_world_size() if rec.rank == 0 else None
+    dist.gather_object(part, parts, dst=0)
     if rec.rank == 0:
         trace = trace_events(parts, meta)
         write(trace, path)
@@ -317,19 +314,3 @@ def format_exposure(table: dict, backend: str = "gloo") -> str:
               f"{1e3 * r['exposed']:11.2f} {r['hidden'] / (r['total'] or 1):7.0%}"   # hidden share
               for axis, r in table.items()]
     return "\n".join(lines)
-
-
-# -- the pipeline's actions, as the Gantt charts take them ----------------------------------
-def pipeline_events(trace: dict, replica: dict | None = None) -> list[dict]:
-    """The F/B/W spans of one pipeline replica (the ranks at tp = cp = dp = 0 unless
-    `replica` says otherwise) as `parallel.schedules.timeline_from_events` takes them:
-    rank (the pipeline rank), kind, microbatch, chunk, start, end in seconds, and step,
-    in_flight and activation_bytes where recorded. An action's step is the `step` span
-    around it (a span's args reach every event inside it)."""
-    coords = {int(r): c for r, c in trace["otherData"]["minipar"]["ranks"].items()}
-    want = {"tp": 0, "cp": 0, "dp": 0, **(replica or {})}
-    mine = [e for e in spans(trace, "compute") if e["args"].get("kind") in ("F", "B", "W")
-            and all(coords[e["pid"]].get(a, 0) == v for a, v in want.items())]
-    return [{"chunk": 0, "step": 0, **e["args"], "rank": coords[e["pid"]].get("pp", 0),
-             "global_rank": e["pid"], "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6}
-            for e in mine]

@@ -46,20 +46,23 @@ def supervise(cfg: TrainConfig, each_rank, report: bool = False) -> dict:
     if cfg.save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)):    # torchrun's restart
         cfg = restarted(cfg)
     failures = []
-    while True:
-        try:
-            results = launch.run(each_rank, cfg.parallel.world_size, cfg, report=report,
-                                 timeout_s=cfg.timeout_s, stop_grace_s=cfg.stop_grace_s)
-            return {**results[0], "all": results, "failures": failures}
-        except launch.RankFailed as e:
-            if len(failures) >= cfg.max_restarts or launch.in_torchrun():
-                raise
-            cfg, error = restarted(cfg), str(e).splitlines()[0]
-            failures.append({"rank": e.rank, "error": error, "resumed_from": cfg.resume,
-                             "resumed_at_step": checkpoint.step_of(cfg.resume)})
-            if report or cfg.progress:
-                print(f"{error}\nrestart {len(failures)}/{cfg.max_restarts} from "
-                      f"{cfg.resume or 'the start'}", file=sys.stderr, flush=True)
+    # --save DIR is this run's until it returns; under torchrun rank 0's, which commits
+    with checkpoint.claim(cfg.save) if cfg.save and os.environ.get("RANK", "0") == "0" \
+            else contextlib.nullcontext():
+        while True:
+            try:
+                results = launch.run(each_rank, cfg.parallel.world_size, cfg, report=report,
+                                     timeout_s=cfg.timeout_s, stop_grace_s=cfg.stop_grace_s)
+                return {**results[0], "all": results, "failures": failures}
+            except launch.RankFailed as e:
+                if len(failures) >= cfg.max_restarts or launch.in_torchrun():
+                    raise
+                cfg, error = restarted(cfg), str(e).splitlines()[0]
+                failures.append({"rank": e.rank, "error": error, "resumed_from": cfg.resume,
+                                 "resumed_at_step": checkpoint.step_of(cfg.resume)})
+                if report or cfg.progress:
+                    print(f"{error}\nrestart {len(failures)}/{cfg.max_restarts} from "
+                          f"{cfg.resume or 'the start'}", file=sys.stderr, flush=True)
 
 
 def restarted(cfg: TrainConfig) -> TrainConfig:
@@ -126,18 +129,22 @@ class RankRun:
         self.records.append(rec)
         if self.log:
             self.log.write(json.dumps(rec) + "\n")
-        if cfg.save and (done == cfg.steps or cfg.save_every and done % cfg.save_every == 0):
-            self.save(done)
         if hasattr(self.steps, "set_postfix"):
             self.steps.set_postfix(loss=f"{rec['loss']:.4f}")
+        if cfg.save and (done == cfg.steps or cfg.save_every and done % cfg.save_every == 0):
+            return self.save(done)      # None, or why the run ends here
 
-    def save(self, step: int) -> str:
+    def save(self, step: int) -> dict | None:
+        """Checkpoint `step`. Returns None, or (every rank learns it in the save: a full
+        disk, say) the end of the run: one line, the checkpoint before kept."""
         t = self.trainer
+        try:
+            path = checkpoint.save(t.cfg.save, step, t.model.chunks, t.model.dp, t.optimizer,
+                                   t.grid, t.cfg, self.records)
+        except checkpoint.CheckpointError as e:
+            return {"reason": "save", "step": step, "message": str(e)}
         self.saved_at = step
-        path = checkpoint.save(t.cfg.save, step, t.model.chunks, t.model.dp, t.optimizer,
-                               t.grid, t.cfg, self.records)
         self.say(f"saved {path} (step {step}, layout {layout(t.pcfg.as_dict())})")
-        return path
 
     def say(self, line: str):
         """A line for the person at the terminal: rank 0, with the progress bar on."""
@@ -154,9 +161,9 @@ class RankRun:
             self.log.close()
         if ended and ended["reason"] == "signal":
             stop, ended["checkpoint"] = ended["step"], None
-            if cfg.save and stop > self.start:
-                ended["checkpoint"] = os.path.join(cfg.save, checkpoint.step_dir_name(stop)) \
-                    if self.saved_at == stop else self.save(stop)
+            if cfg.save and stop > self.start:     # (a save that fails ends it as its own)
+                ended = (self.saved_at != stop and self.save(stop)) or \
+                    {**ended, "checkpoint": os.path.join(cfg.save, checkpoint.step_dir_name(stop))}
         if cfg.export_hf and not ended:    # the trained model as a Hugging Face directory
             hf.export_run(cfg.export_hf, t.model.chunks, t.model.dp, t.optimizer, t.grid,
                           t.mcfg, tokenizer_dir=cfg.init_hf)
@@ -245,8 +252,8 @@ def stop_on_signals():
 
 def report_end(ended: dict, rank0: bool = True) -> int:
     """The one line of a run that ended early, on stderr; its exit status: 128 + signal
-    for a stop (143 SIGTERM, 130 SIGINT), 1 for a non-finite step."""
-    if ended["reason"] == "nonfinite":
+    for a stop (143 SIGTERM, 130 SIGINT), 1 for a non-finite step or a failed checkpoint."""
+    if ended["reason"] != "signal":       # a step that was not finite; a failed save
         if rank0:
             print(f"{PROG}: error: {ended['message']}", file=sys.stderr)
         return 1

@@ -9,16 +9,25 @@ status 1. Here the command ends instead with one line and exit 128 + the signal 
 130): rank 0's line when its node's workers stopped at a step boundary (with --save,
 after a checkpoint), else a line saying that this node's workers were stopped. A worker
 that fails ends it with one line naming the first rank that failed and its exit code
-(the error that rank printed is above it).
+(the error that rank printed is above it; a rank SIGKILLed, most often by the OOM killer,
+is said to be one).
+
+Three more things a cluster needs. The agent handles SIGUSR1 too (Slurm's `--signal=USR1@T`,
+"your time is up in T seconds"), as minipar's own launcher does. A worker has asked the
+kernel to kill it when the agent dies (`launch.die_with_parent`), so that an agent killed
+with SIGKILL leaves no worker training on. And a `--master-port` already in use is one
+line and exit 2 before anything starts, not torchrun's EADDRINUSE traceback.
 
     python -m minipar.torchrun --standalone --nproc-per-node 4 -m minipar.train --dp 4
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 
@@ -26,14 +35,20 @@ from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from .launch import STOP_SIGNALS, death
 from .run import END_LINE_ENV
 
 PROG = "python -m minipar.torchrun"
-HELP = (f"{PROG}: torchrun (its flags below) whose agent, on SIGTERM or Ctrl-C, lets its "
-        "workers stop at a step boundary (with --save, after a checkpoint) and then ends with "
-        "one line and exit 128+signal (143, 130), not a traceback. For example:\n  "
+HELP = (f"{PROG}: torchrun (its flags below) whose agent, on SIGTERM, SIGHUP, SIGUSR1 or "
+        "Ctrl-C, lets its workers stop at a step boundary (with --save, after a checkpoint) "
+        "and then ends with one line and exit 128+signal (143, 130), not a traceback. A busy "
+        "--master-port is one line, exit 2. For example:\n  "
         f"{PROG} --standalone --nproc-per-node 4 -m minipar.train --dp 4\n")
-STOP_STATUSES = {128 + s for s in (signal.SIGTERM, signal.SIGINT)}
+STOP_STATUSES = {128 + s for s in STOP_SIGNALS}
+# the signals the agent passes on to its workers: torch's default list, and SIGUSR1. Its
+# flag --signals-to-handle reads its default from this variable (and wins if given)
+SIGNALS_ENV = "PET_SIGNALS_TO_HANDLE"
+AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # the agent's own lines about a signal: the one line printed here replaces them
 AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api",
                  "torch.distributed.elastic.multiprocessing.api")
@@ -51,12 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(HELP, file=sys.stderr)
+    taken = master_port_taken(argv)
+    if taken:
+        print(f"{PROG}: error: {taken}", file=sys.stderr)
+        return 2
     quiet = _NoSignalChatter()
     for name in AGENT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     with tempfile.TemporaryDirectory(prefix="minipar-torchrun-") as tmp:
         line_file = os.path.join(tmp, "end_line")
         os.environ[END_LINE_ENV] = line_file      # the workers inherit it
+        ours = SIGNALS_ENV not in os.environ       # else the user's own list holds
+        os.environ.setdefault(SIGNALS_ENV, AGENT_SIGNALS)
         try:
             torch_run.main(argv)
             return 0
@@ -66,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             return child_failed(e, line_file)
         finally:
             os.environ.pop(END_LINE_ENV, None)
+            if ours:
+                os.environ.pop(SIGNALS_ENV, None)
             for name in AGENT_LOGGERS:
                 logging.getLogger(name).removeFilter(quiet)
 
@@ -91,14 +114,34 @@ def child_failed(e: ChildFailedError, line_file: str) -> int:
     if codes <= STOP_STATUSES and len(codes) == 1:
         return stopped(codes.pop() - 128, line_file)
     rank, failure = e.get_first_failure()
+    how = (death(failure.exitcode) if failure.exitcode == -signal.SIGKILL else
+           f"exited with {failure.exitcode} first; what it printed above says why")
     print(f"{PROG}: error: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) "
-          f"exited with {failure.exitcode} first; what it printed above says why", file=sys.stderr)
+          f"{how}", file=sys.stderr)
     return 1
+
+
+def master_port_taken(argv: list[str]) -> str | None:
+    """Why `--master-port P` cannot be used, when this agent would host the job's store on
+    it (the static rendezvous: no --standalone, no --rdzv-endpoint, node rank 0) and P is
+    taken; None when it is free (or the flag does not apply). Proved by binding P, as the
+    store will: once, now, before any worker starts."""
+    args = torch_run.parse_args(argv)
+    if args.master_port is None or args.standalone or args.rdzv_backend != "static" \
+            or args.rdzv_endpoint or args.node_rank != 0:
+        return None
+    try:
+        socket.create_server(("", args.master_port)).close()
+    except OSError as e:
+        what = "is in use" if e.errno == errno.EADDRINUSE else "cannot be listened on"
+        return (f"--master-port {args.master_port} {what} ({os.strerror(e.errno)}): pick a free "
+                "port, or leave the flag out (with --standalone torchrun picks one)")
+    return None
 
 
 @contextlib.contextmanager
 def _ignoring_stop_signals():
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
         yield
     finally:

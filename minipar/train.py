@@ -219,7 +219,7 @@ def train_steps(trainer: Trainer, steps, before=None, after=None) -> dict | None
     """The loop over `steps` (an iterable of step numbers): `before(step)` and, with the
     step's record, `after(step, record)` around each step. Returns None when every step
     ran, else why the loop ended early: a stop signal every rank agreed on at a step
-    boundary, or a step that was not finite."""
+    boundary, a step that was not finite, or what `after` returned (a failed checkpoint)."""
     for step in steps:
         signum = agreed_stop(trainer.grid)
         if signum:
@@ -231,8 +231,8 @@ def train_steps(trainer: Trainer, steps, before=None, after=None) -> dict | None
                 rec = trainer.step(step)
         except NonFinite as e:       # every rank raised it at the same step
             return {"reason": "nonfinite", "step": e.step, "message": str(e)}
-        if after:
-            after(step, rec)
+        if after and (ended := after(step, rec)):     # a checkpoint that could not be written
+            return ended
     return None
 
 

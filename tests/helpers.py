@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from minipar import testing
+from minipar import comm, testing
 from minipar.config import ParallelConfig, TrainConfig
 from minipar.parallel.tensor import TP_PLAN, style_of
 from minipar.train import train
@@ -65,3 +65,8 @@ def shard_dim(param_name: str, plan=TP_PLAN) -> int | None:
     module, _, leaf = param_name.rpartition(".")
     dim = SHARD_DIM.get(style_of(module, plan))
     return None if (leaf == "bias" and dim == 1) else dim
+
+
+def wire_bytes_of(axis: str) -> int:
+    """The bytes `comm.LOG` counted on the wire for `axis` since its last reset, every op."""
+    return sum(op["wire_bytes"] for op in comm.LOG.summary().get(axis, {}).values())

@@ -177,7 +177,7 @@ def saved(tmp_path_factory):
 def test_save_writes_a_complete_manifest_and_latest(saved):
     root, layout, _ = saved
     names = sorted(os.listdir(root))
-    assert names == ["latest", "step_000002", "step_000004", "step_000006"]   # no .tmp left
+    assert names == [".minipar", "latest", "step_000002", "step_000004", "step_000006"]   # no .tmp
     assert checkpoint.latest(root) == os.path.join(root, "step_000006")
     step_dir = os.path.join(root, "step_000004")
     m = checkpoint.read_manifest(step_dir)
@@ -266,7 +266,8 @@ def test_a_crash_during_a_save_leaves_the_last_good_checkpoint(tmp_path, referen
     # the last good one resumes, and saving step 4 again replaces the debris
     out = run(resume=root, save=root, save_every=2, dp=2)
     assert max_rel_diff(losses(out), reference) <= 1e-5
-    assert sorted(os.listdir(root)) == ["latest", "step_000002", "step_000004", "step_000006"]
+    assert sorted(os.listdir(root)) == [".minipar", "latest", "step_000002", "step_000004",
+                                        "step_000006"]
 
 
 # =================================================== bad checkpoints and flags

@@ -15,13 +15,13 @@ from minipar.comm import Axis
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer, causal_attention
 from minipar.parallel import context
-from minipar.parallel.context import (CORES, apply_context_parallel, attention_work,
-                                      contiguous_chunks, local_positions, ring_attention, ring_steps,
-                                      shard_for_context_parallel, zigzag_chunks)
+from minipar.parallel.context import (CORES, apply_context_parallel, local_positions, ring_attention,
+                                      ring_steps, shard_for_context_parallel, zigzag_chunks)
+from minipar.parallel.context_analysis import attention_work, contiguous_chunks
 from minipar.formulas.context_parallel import cp_hops, cp_kv_bytes, cp_wire_bytes_per_step, ulysses_kv_heads, ulysses_layer_bytes
 from minipar.train import main
 
-from helpers import assert_close_grads, assert_same_losses, reference, run_layout
+from helpers import assert_close_grads, assert_same_losses, reference, run_layout, wire_bytes_of
 
 TINY = ModelConfig.preset("tiny")
 
@@ -130,7 +130,7 @@ def _attention_cases(cp):
                 "case": (name, layout.__name__, b, s, hq, hkv, d),
                 "pairs": [(out, want[:, pos]), (ql.grad, q.grad[:, pos]),
                           (kl.grad, k.grad[:, pos]), (vl.grad, v.grad[:, pos])],
-                "wire": comm.LOG.total("cp"),
+                "wire": wire_bytes_of("cp"),
                 "want_wire": _wire_formula(name, cp, b, s, hq, hkv, d)})
     return results
 

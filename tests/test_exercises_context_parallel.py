@@ -6,7 +6,8 @@ import torch
 
 from minipar.config import ModelConfig
 from minipar.formulas.context_parallel import cp_wire_bytes_per_step
-from minipar.parallel.context import contiguous_chunks, merge, zigzag_chunks
+from minipar.parallel.context import merge, zigzag_chunks
+from minipar.parallel.context_analysis import contiguous_chunks
 from minipar.teach.exercises import context_parallel as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 

@@ -52,10 +52,11 @@ def test_the_reader_schedule_is_what_the_ranks_run(tmp_path):
     from minipar.config import ParallelConfig
     from minipar import profile
     from minipar.config import TrainConfig
+    from minipar.parallel.schedule_analysis import pipeline_events
     from minipar.train import train
     with ex.executing(make_schedule("afab", 2, 4)):
         train(TrainConfig(parallel=ParallelConfig(pp=2, schedule="1f1b", microbatches=4),
                           global_batch=4, seq_len=32, steps=1, progress=False, profile=str(tmp_path)))
-    done = profile.pipeline_events(profile.load(tmp_path))
+    done = pipeline_events(profile.load(tmp_path))
     kinds = [e["kind"] for e in sorted(done, key=lambda e: e["start"]) if e["rank"] == 0]
     assert kinds == ["F"] * 4 + ["B"] * 4

@@ -74,7 +74,8 @@ def test_the_cli_restarts_and_says_so(tmp_path, uninterrupted, capfd):
     assert "rank 0 died" in err and f"restart 1/2 from {save}" in err
     assert "Traceback" not in err
     assert [r["loss"] for r in read_log(log)] == uninterrupted
-    assert sorted(os.listdir(save)) == ["latest", "step_000002", "step_000004", "step_000006"]
+    assert sorted(os.listdir(save)) == [".minipar", "latest", "step_000002", "step_000004",
+                                        "step_000006"]
 
 
 @pytest.mark.timeout(400)

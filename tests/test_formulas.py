@@ -16,7 +16,8 @@ import pytest
 
 from minipar import costmodel as cm
 from minipar import flops
-from minipar.formulas.collectives import all_reduce_time, wire_bytes
+from minipar.formulas.collective_time import all_reduce_time
+from minipar.formulas.collectives import wire_bytes
 from minipar.formulas.context_parallel import cp_hops, cp_wire_bytes_per_step
 from minipar.formulas.data_parallel import zero_bytes_per_param
 from minipar.flops import layer_param_count, param_count

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from hf_llama import make_hf_llama
-from minipar import hf
 from minipar.config import ModelConfig
 from minipar.generate import Codec, generate, main, pick, stream
-from minipar.generate import KVCache
+from minipar.generate import KVCache, load_model
 from minipar.model import Transformer, causal_attention
 
 transformers = pytest.importorskip("transformers")
@@ -33,7 +32,7 @@ def test_cache_gives_the_full_forward_logits():
 
 
 def test_greedy_equals_transformers_generate(hf_dir):
-    ours = hf.load_model(str(hf_dir)).eval()
+    ours = load_model(str(hf_dir)).eval()
     theirs = transformers.LlamaForCausalLM.from_pretrained(str(hf_dir)).eval()
     prompt = [5, 17, 200, 3, 99]
     got = list(generate(ours, prompt, max_new_tokens=20, temperature=0))
@@ -44,7 +43,7 @@ def test_greedy_equals_transformers_generate(hf_dir):
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(hf_dir):
-    model = hf.load_model(str(hf_dir)).eval()
+    model = load_model(str(hf_dir)).eval()
     prompt = [1, 2, 3]
     a = list(generate(model, prompt, 15, temperature=1.0, seed=4))
     assert a == list(generate(model, prompt, 15, temperature=1.0, seed=4))

@@ -21,7 +21,8 @@ from helpers import assert_same_losses, losses, run_layout
 from minipar import export, hf, profile
 from minipar.config import ConfigError, ModelConfig
 from minipar.data import TokenizedText, make_source
-from minipar.hf import hf_name, load_hf_state_dict
+from minipar.generate import load_hf_state_dict, load_model
+from minipar.hf import hf_name
 from minipar.model import Transformer
 from minipar.train import main
 
@@ -42,7 +43,7 @@ def hf_model(path):
 
 
 def test_reads_the_same_model_transformers_reads(hf_dir):
-    ours = hf.load_model(str(hf_dir)).eval()
+    ours = load_model(str(hf_dir)).eval()
     x = torch.randint(0, 320, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf_model(hf_dir)(x).logits, rtol=1e-5, atol=1e-5)
@@ -97,7 +98,7 @@ def test_export_round_trip_same_logits(hf_dir, tmp_path):
     mcfg, state, _ = export.checkpoint_state(str(ckpt))
     ours = Transformer(mcfg, seed=None).eval()
     load_hf_state_dict(ours, {hf_name(k): v for k, v in state.items()})
-    start = hf.load_model(str(hf_dir))
+    start = load_model(str(hf_dir))
     assert not torch.equal(ours.layers["0"].mlp.up_proj.weight, start.layers["0"].mlp.up_proj.weight)
     assert export.main(["--resume", str(ckpt), "--out", str(out2)]) == 0
     x = torch.randint(0, 320, (2, 16))
@@ -113,7 +114,7 @@ def test_llama3_rope_scaling_in_and_out(tmp_path):
     rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                 original_max_position_embeddings=16)
     path = make_hf_llama(tmp_path / "llama31", tokenizer=False, rope_scaling=rope, rope_theta=500.0)
-    ours = hf.load_model(str(path)).eval()
+    ours = load_model(str(path)).eval()
     assert ours.cfg.llama3_rope == (8.0, 1.0, 4.0, 16)
     out = hf.save_pretrained(ours.state_dict(), ours.cfg, str(tmp_path / "out"))
     x = torch.randint(0, 320, (1, 100))

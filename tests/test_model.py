@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from minipar.config import ModelConfig
-from minipar.hf import hf_name, load_hf_state_dict, model_config, to_hf
+from minipar.generate import load_hf_state_dict
+from minipar.hf import hf_name, model_config, to_hf
 from minipar.model import Transformer, causal_attention
 
 

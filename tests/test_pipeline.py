@@ -21,8 +21,8 @@ from minipar.model import Transformer, cross_entropy_sum
 from minipar import profile
 from minipar.parallel.schedules import split_layers
 from minipar.parallel.pipeline import boundary_shape, build_stage_modules
-from minipar.parallel.schedules import Message, check_p2p_plan, inputs_of, outputs_of, p2p_plan
-from minipar.parallel.schedules import make_schedule, peak_in_flight
+from minipar.parallel.schedule_analysis import check_p2p_plan, peak_in_flight, pipeline_events
+from minipar.parallel.schedules import Message, inputs_of, make_schedule, outputs_of, p2p_plan
 from minipar.parallel.zero_bubble import backward_input, backward_weight
 from minipar.train import main
 
@@ -187,7 +187,7 @@ def _trained(items):
     kw = dict(items)
     path = kw.pop("trace_path")
     out = run_layout(profile=path, **kw)
-    out["trace"] = profile.pipeline_events(profile.load(path))
+    out["trace"] = pipeline_events(profile.load(path))
     return out
 
 

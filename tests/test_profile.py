@@ -16,7 +16,8 @@ import pytest
 
 from minipar import profile
 from minipar.config import ParallelConfig, TrainConfig
-from minipar.parallel.schedules import make_schedule, timeline_from_events
+from minipar.parallel.schedule_analysis import pipeline_events, timeline_from_events
+from minipar.parallel.schedules import make_schedule
 from minipar.train import train
 
 
@@ -200,7 +201,7 @@ def test_compute_spans_per_layer_and_microbatch(tp_pp):
             want = {(layer, mb): steps for layer in range(4 * stage, 4 * stage + 4) for mb in range(m)}
             assert got == want, (rank, kind)
     # the Gantt chart's events are the schedule's actions, once per step
-    tl = timeline_from_events(profile.pipeline_events(trace))
+    tl = timeline_from_events(pipeline_events(trace))
     schedule = make_schedule("1f1b", 2, m)
     assert Counter((e.rank, e.kind, e.microbatch) for e in tl.events) == Counter(
         {(r, a.kind, a.microbatch): steps for r, acts in enumerate(schedule) for a in acts})
@@ -237,8 +238,8 @@ def test_the_book_s_figures_read_the_trace(tp_pp, dp_cp):
 
     out, trace, _ = tp_pp
     key = lambda e: (e["global_rank"], e["start"])  # noqa: E731
-    assert sorted(profile.pipeline_events(profile.load(out["profile"]["path"])), key=key) == \
-        sorted(profile.pipeline_events(trace), key=key)
+    assert sorted(pipeline_events(profile.load(out["profile"]["path"])), key=key) == \
+        sorted(pipeline_events(trace), key=key)
     ax = viz.plot_trace_tracks(trace)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert [x for x in labels if x.endswith("compute")] == [f"rank {r} compute" for r in range(4)]

@@ -11,9 +11,9 @@ import pytest
 
 from minipar import profile
 from minipar.parallel.schedules import split_layers
+from minipar.parallel.schedule_analysis import peak_in_flight, timeline_from_events
 from minipar.parallel.schedules import (Action, ScheduleError, Timeline, make_schedule,
-                                        peak_in_flight, rank_and_chunk, simulate, stage_of,
-                                        timeline_from_events)
+                                        rank_and_chunk, simulate, stage_of)
 
 
 def grid():

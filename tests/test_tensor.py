@@ -20,7 +20,8 @@ from minipar.parallel.tensor import (OVERLAP_STYLES, STYLES, VocabParallelEmbedd
 from minipar.formulas.tensor_parallel import collective_matmul_bytes, tp_wire_bytes_breakdown, tp_wire_bytes_per_step
 from minipar.train import main
 
-from helpers import assert_close_grads, assert_same_losses, reference, run_layout, shard_dim
+from helpers import (assert_close_grads, assert_same_losses, reference, run_layout, shard_dim,
+                     wire_bytes_of)
 
 TINY = ModelConfig.preset("tiny")
 
@@ -202,13 +203,13 @@ def _matmuls_with_a_transfer_in_flight(axis):
     comm.LOG.reset()
     collective_matmul.all_gather_matmul(x, lambda c, xc: events.append("mm") or xc @ w.T, axis)
     checks += [("all-gather matmul: busy matmuls", busy_matmuls(), t - 1),
-               ("all-gather matmul: bytes", comm.LOG.total("tp"),      # of the gathered x
+               ("all-gather matmul: bytes", wire_bytes_of("tp"),      # of the gathered x
                 collective_matmul_bytes(t * x.numel() * 4, t))]
     events.clear()
     comm.LOG.reset()
     collective_matmul.matmul_reduce_scatter(lambda c: events.append("mm") or x @ w.T, axis)
     checks += [("matmul reduce-scatter: busy matmuls", busy_matmuls(), t - 1),
-               ("matmul reduce-scatter: bytes", comm.LOG.total("tp"),  # of the full output
+               ("matmul reduce-scatter: bytes", wire_bytes_of("tp"),  # of the full output
                 collective_matmul_bytes(t * x.shape[0] * x.shape[1] * w.shape[0] * 4, t))]
     collective_matmul._pass_on = real_pass
     return [(name, torch.tensor(got), torch.tensor(want)) for name, got, want in checks]

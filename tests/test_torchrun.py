@@ -1,5 +1,6 @@
 """The same `python -m minipar.train` under torchrun gives the built-in launcher's losses:
 one node, and two "nodes" (two torchrun agents) on one machine, as on a cluster."""
+import contextlib
 import json
 import os
 import re
@@ -121,7 +122,8 @@ def stop_all(agents, seen):
             a.wait()
     for w in seen.values():
         if alive(w["pid"]):
-            os.kill(w["pid"], signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):     # it ended meanwhile
+                os.kill(w["pid"], signal.SIGKILL)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the ranks' placement from /proc")
@@ -178,7 +180,8 @@ def test_losing_a_node_ends_the_job_with_an_error_naming_it(tmp_path, repo_root,
         lost = [r for r, w in seen.items() if w["node"] == 1]
         assert len(lost) == 1 and len(seen) == 2
         agents[1].kill()
-        os.kill(seen[lost[0]]["pid"], signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):     # gone already with its agent
+            os.kill(seen[lost[0]]["pid"], signal.SIGKILL)
         agents[0].wait(timeout=120)           # a hang fails here
     finally:
         stop_all(agents, seen)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -49,6 +50,15 @@ LAYOUT_DEFAULTS = {
 
 class _Parser(Parser):
     prog_in_errors = False       # "error: ...": the cost model's lines have always read so
+
+    def parse_args(self, args=None, namespace=None):
+        """The flags, every number among them checked before any arithmetic sees it
+        (`number_problem`): a bad one is one line and exit 2, like a malformed flag."""
+        given = super().parse_args(args, namespace)
+        bad = [line for a in self._actions if (line := number_problem(a, vars(given).get(a.dest)))]
+        if bad:
+            self.error(bad[0])
+        return given
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,8 +225,28 @@ def _tokens(text: str) -> int:
     scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
     try:
         return int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count like 4M") from None
+    except (ValueError, OverflowError):         # int(nan), int(inf): 1e400 reads as inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite token count like 4M or "
+                                         "4194304") from None
+
+
+# The rule of a number a flag takes, by the flag's type: a count (GPUs, degrees, layers,
+# tokens, --top, ...) is a positive integer, a real number (bandwidths, efficiencies, ...)
+# finite; each real's own range is checked where it is used. ZeRO's stage is no count: it is
+# one of 0-3, checked with the layout.
+COUNTS, NOT_COUNTS = (int, _tokens), ("zero",)
+
+
+def number_problem(action: argparse.Action, value) -> str | None:
+    """The line refusing `value` of a flag, or None when it obeys its type's rule."""
+    flag = action.option_strings[0] if action.option_strings else action.dest
+    if value is None or isinstance(value, bool):
+        return None
+    if action.type in COUNTS and action.dest not in NOT_COUNTS and value < 1:
+        return f"{flag} {value} must be a positive integer"
+    if action.type is float and not math.isfinite(value):
+        return f"{flag} {value} must be finite"
+    return None
 
 
 def format_plan(p, cluster: Cluster) -> str:

@@ -3,7 +3,8 @@ bubbles, stage splits, memory.
 
 Chapters: each file belongs to the chapter it is named after, read in the book's order:
 
-    collectives.py         the bytes of each collective (ring), alpha-beta times
+    collectives.py         the bytes of each collective (ring)
+    collective_time.py     alpha-beta times, the all-reduce algorithms (chapter "Collectives")
     data_parallel.py       DP and ZeRO bytes per step, what each ZeRO stage shards
     tensor_parallel.py     TP bytes per layer, embedding, head, loss and norms
     pipeline_parallel.py   the stage split, the bubble of each schedule, p2p bytes, in flight

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from ..config import ZERO_STAGES, ConfigError, unknown
-from .collectives import all_reduce_time, wire_bytes
+from .collective_time import all_reduce_time
+from .collectives import wire_bytes
 
 
 def dp_bytes(n_params: int, n: int, zero: int, microbatches: int = 1,

@@ -43,11 +43,6 @@ def zigzag_chunks(rank: int, cp: int) -> tuple[int, int]:
     return rank, 2 * cp - 1 - rank
 
 
-def contiguous_chunks(rank: int, cp: int) -> tuple[int, int]:
-    """The naive split, for comparison: rank i holds the i-th 1/cp of the sequence."""
-    return 2 * rank, 2 * rank + 1
-
-
 def local_positions(seq_len: int, rank: int, cp: int, layout=zigzag_chunks) -> torch.Tensor:
     """Positions of the tokens a rank holds, in the order it holds them. The sequence divides
     into 2*cp chunks: `ParallelConfig` refuses a `--seq-len` that does not (`--cp` "chunks")."""
@@ -86,15 +81,6 @@ def ring_steps(rank: int, cp: int, layout=zigzag_chunks):
     return [(src, [(a, b, qc == kc) for a, qc in enumerate(mine)
                    for b, kc in enumerate(layout(src, cp)) if kc <= qc])
             for src in [(rank - t) % cp for t in range(cp)]]
-
-
-def attention_work(seq_len: int, cp: int, layout=zigzag_chunks) -> list[int]:
-    """Query-key scores each rank computes under the ring schedule (its attention FLOPs
-    are proportional). Every score under the causal mask is computed once, by one rank."""
-    c = seq_len // (2 * cp)
-    return [sum(c * (c + 1) // 2 if diag else c * c
-                for _, pairs in ring_steps(r, cp, layout) for _, _, diag in pairs)
-            for r in range(cp)]
 
 
 # ============================================================ one block of attention
@@ -333,7 +319,6 @@ CORES = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ul
 def apply_context_parallel(model, cp_axis: comm.Axis, impl: str = "ring"):
     """Make every attention layer of `model` context-parallel over `cp_axis` (`impl` one of
     `CORES`, as `ParallelConfig` checks `--cp-impl`)."""
-    core = functools.partial(CORES[impl], axis=cp_axis)
     for layer in model.layers.values():
-        layer.self_attn.core = core
+        layer.self_attn.core = functools.partial(CORES[impl], axis=cp_axis)
     return model

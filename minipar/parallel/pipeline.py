@@ -20,8 +20,9 @@ Three things a toy executor gets wrong, and how this one gets them right:
   simulated timeline: a message is posted, by sender and receiver alike, at the time its
   producer finishes. Even where a send blocks until its receive is posted (NCCL), the
   earliest message not yet delivered has both ends waiting for it, so one always moves
-  (`check_p2p_plan` runs that argument as a test). Messages carry a tag, so a pair of ranks
-  that exchanges activations *and* gradients (p = 2 with chunks) never confuses them.
+  (`schedule_analysis.check_p2p_plan` runs that argument as a test). Messages carry a tag,
+  so a pair of ranks that exchanges activations *and* gradients (p = 2 with chunks) never
+  confuses them.
 * The loss. Each micro-batch's loss is loss_fn(logits, y) / n_tokens, the token count of the
   whole global batch, exactly as on one device, and backward starts from it: summing the
   micro-batches' gradients gives the single-device gradient.
@@ -77,9 +78,8 @@ def build_stage_modules(mcfg, pcfg, grid, seed) -> list[Transformer]:
 def _tie_group(chunks, grid):
     # One group per (tp, cp, dp) position: {its first stage, its last stage}. new_group is
     # collective, so every rank creates every group, in the same order.
-    p = grid.sizes["pp"]
     for ranks in sorted({(grid.rank_of(**{**grid.coords(q), "pp": 0}),
-                          grid.rank_of(**{**grid.coords(q), "pp": p - 1}))
+                          grid.rank_of(**{**grid.coords(q), "pp": grid.pp.size - 1}))
                          for q in range(grid.world_size)}):
         g = dist.new_group(list(ranks))
         if grid.rank in ranks:

@@ -3,8 +3,10 @@
 Chapter "Pipeline parallelism", its pure half. A schedule is one list of `Action`s per
 pipeline rank. Nothing here starts a process: the same lists are drawn as Gantt charts,
 timed by `simulate`, checked by the tests, turned into each rank's program of sends,
-receives and computations (`p2p_plan`, proved deadlock-free by `check_p2p_plan`), and
-executed on real ranks by `minipar.parallel.pipeline`.
+receives and computations (`p2p_plan`), and executed on real ranks by
+`minipar.parallel.pipeline`. The questions only the book and the tests ask of a schedule
+(the activations it holds, whether its plan can deadlock, a measured timeline) are
+answered in `schedule_analysis.py`, which the trainer never imports.
 
 Vocabulary (the field's, as in Megatron-LM and the zero-bubble paper):
 
@@ -75,9 +77,8 @@ def split_layers(n_layers: int, n_stages: int, first_last_lighter: int = 0) -> l
     first and last stage no transformer layer at all (only embedding, only head), as the
     paper describes its first and last model chunks.
     """
-    # (n_stages >= 1 is the layout's rule "positive"; below it, divmod fails loudly.)
-    if first_last_lighter < 0:
-        raise ConfigError(f"first_last_lighter={first_last_lighter} must be >= 0")
+    # (n_stages >= 1 is the layout's rule "positive"; below it, divmod fails loudly. The
+    # callers pass first_last_lighter 0 or 1.)
     k = first_last_lighter if n_stages > 2 else 0   # <= 2 stages: each is an end, no shift
     if k == 0 and n_layers < n_stages:
         raise ConfigError(f"n_layers={n_layers} is fewer than the {n_stages} pipeline stages "
@@ -132,7 +133,7 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int 
     default); N = m is the breadth-first schedule; Llama 3 made N tunable, so that m need
     not be a multiple of p (p = 4, m = 10: N = 5) and m may even be below p (N = m).
     Rules: m a multiple of N, and N >= p unless N = m. With N >= p the bubble is exactly
-    (p-1)/(v*m+p-1); a larger N holds more activations (see `peak_in_flight`).
+    (p-1)/(v*m+p-1); a larger N holds more activations (`schedule_analysis.peak_in_flight`).
 
     Errors (`ConfigError`, a ValueError) name the CLI flag and the rule broken.
     """
@@ -241,13 +242,11 @@ def dependencies(action: Action, rank: int, n_stages: int, n_chunks: int = 1
     (the saved activations) and B of stage k+1 (the gradient of its output); W needs its own
     B (which produced the gradient of the stage's output it multiplies with its input).
     """
-    s = action.stage(rank, n_stages)
-    mb = action.microbatch
-    last = n_stages * n_chunks - 1
+    s, mb = action.stage(rank, n_stages), action.microbatch
     if action.kind == "F":
         return [("F", mb, s - 1)] if s > 0 else []
-    if action.kind == "B":
-        return [("F", mb, s)] + ([("B", mb, s + 1)] if s < last else [])
+    if action.kind == "B":      # the last stage starts from its loss
+        return [("F", mb, s)] + ([("B", mb, s + 1)] if s < n_stages * n_chunks - 1 else [])
     return [("B", mb, s)]             # W (`check_schedule` has refused any other kind)
 
 
@@ -275,24 +274,6 @@ def check_schedule(schedule: Schedule) -> None:
             if local and at[Action(local, a.microbatch, a.chunk)] > at[a]:
                 raise ScheduleError(f"rank {r}: {a!r} comes before {local}{a.microbatch} "
                                     f"on chunk {a.chunk}")
-
-
-def peak_in_flight(schedule: Schedule, release: str = "B") -> list[int]:
-    """Per rank, the most (micro-batch, chunk) pairs whose activations are held at once.
-
-    A pair is in flight from its F until its `release` action: "B" (the default; the input
-    gradient is computed, most activations are freed) or "W" (the weight gradient still needs
-    the stage's input and output gradient, so zero-bubble schedules hold a little until W).
-    With one chunk per rank this is the activation memory in units of one micro-batch's
-    activations of one stage: m for afab, at most p for 1f1b.
-    """
-    if release not in ("B", "W"):
-        raise ValueError(f"release={release!r}: choose 'B' or 'W'")
-    if not any(a.kind == "W" for acts in schedule for a in acts):
-        release = "B"                     # an unsplit B computes both gradients at once
-    held = {"F": 1, release: -1}          # the running count: +1 at each F, -1 at each release
-    return [max(itertools.accumulate((held.get(a.kind, 0) for a in acts), initial=0))
-            for acts in schedule]
 
 
 # --------------------------------------------------------------------------- simulation
@@ -370,19 +351,6 @@ def _blocked(plan, nxt, done, p) -> str:
         for (k, mb, s), _ in deps if (k, mb, s) not in done) for r, a, deps in stuck)
 
 
-def timeline_from_events(events) -> Timeline:
-    """A `Timeline` from measured events (dicts with rank, kind, microbatch, chunk, start,
-    end in seconds, as `profile.pipeline_events` reads them from a --profile trace); time 0
-    is the earliest start."""
-    events = list(events)
-    t0 = min((float(e["start"]) for e in events), default=0.0)
-    evs = sorted((Event(int(e["rank"]), str(e["kind"]), int(e["microbatch"]),
-                        int(e.get("chunk", 0)), float(e["start"]) - t0, float(e["end"]) - t0)
-                  for e in events), key=lambda e: (e.rank, e.start, e.end))
-    return Timeline(evs, 1 + max((e.rank for e in evs), default=-1),
-                    max((e.end for e in evs), default=0.0))
-
-
 # --------------------------------------------------------------------------- the p2p plan
 class Message(NamedTuple):
     """What one stage sends another: the activation of `microbatch` leaving `src_stage`
@@ -447,27 +415,3 @@ def p2p_plan(schedule) -> list[list[tuple[str, object]]]:
             keyed += [(at(msg), ("send", msg)) for msg in outputs_of(a, r, p, n_stages)]
         plan.append([step for _, step in sorted(keyed, key=lambda kv: kv[0])])
     return plan
-
-
-def check_p2p_plan(plan) -> None:
-    """Run `plan` as if every send and receive blocked until its partner is posted (the
-    strictest transport, a rendezvous) and raise `RuntimeError` if it cannot finish.
-    It also proves each pair of ranks posts its messages to each other in the same order."""
-    p = len(plan)
-    # each rank's posts (computations never block), as a stack: the next one last
-    todo = [[step for step in reversed(prog) if step[0] != "compute"] for prog in plan]
-    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for posts in todo for _, m in posts)
-    moved = True
-    while moved:
-        moved = False
-        for posts in todo:             # a transfer: a send meeting its receive, seen by the sender
-            if posts and posts[-1][0] == "send":
-                msg = posts[-1][1]
-                peer = todo[rank_and_chunk(msg.dst_stage, p)[0]]
-                if peer and peer[-1] == ("recv", msg):
-                    posts.pop()
-                    peer.pop()
-                    moved = True
-    stuck = [f"rank {r} at {posts[-1]}" for r, posts in enumerate(todo) if posts]
-    if stuck:
-        raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(stuck))

@@ -20,8 +20,9 @@ from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...comm import Axis
 from ...grid import ProcessGrid
 from ...model import causal_attention
-from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
-                                 local_positions, ring_attention, shard_for_context_parallel)
+from ...parallel.context import (block_forward, local_positions, ring_attention,
+                                 shard_for_context_parallel)
+from ...parallel.context_analysis import attention_work, contiguous_chunks
 from ...parallel.regions import gather_from_group
 from ...config import TrainConfig
 from ...train import train

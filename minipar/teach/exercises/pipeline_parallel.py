@@ -1,9 +1,10 @@
 """The exercises of the pipeline parallelism chapter, checked (see core.py for how).
 
 Schedules are checked symbolically first, by the same functions that check minipar's own
-(`check_schedule`, `simulate`, `peak_in_flight`, and `p2p_plan` replayed with blocking
-sends by `check_p2p_plan`); a predict-then-run exercise then runs minipar's executor on
-real gloo ranks and compares its trace with the reader's prediction.
+(`check_schedule`, `simulate`, `schedule_analysis.peak_in_flight`, and `p2p_plan`
+replayed with blocking sends by `schedule_analysis.check_p2p_plan`); a predict-then-run
+exercise then runs minipar's executor on real gloo ranks and compares its trace with the
+reader's prediction.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import tempfile
 from ...config import ParallelConfig
 from ...parallel import pipeline
 from ... import profile
-from ...parallel.schedules import (Action, ScheduleError, check_p2p_plan, make_schedule,
-                                   p2p_plan, peak_in_flight, simulate, timeline_from_events)
+from ...parallel.schedule_analysis import (check_p2p_plan, peak_in_flight, pipeline_events,
+                                           timeline_from_events)
+from ...parallel.schedules import Action, ScheduleError, make_schedule, p2p_plan, simulate
 from ...config import TrainConfig
 from ...train import train
 from .core import (Verdict, compare_calls, exercise, function_given, hidden, near, number,
@@ -140,7 +142,7 @@ def measured_pipeline(schedule: str = "1f1b", p: int = 2, m: int = 4, steps: int
     path = tempfile.mkdtemp(prefix="minipar-pp-")
     train(TrainConfig(parallel=ParallelConfig(pp=p, schedule=schedule, microbatches=m),
                       global_batch=2 * m, seq_len=64, steps=steps, progress=False, profile=path))
-    events = profile.pipeline_events(profile.load(path))
+    events = pipeline_events(profile.load(path))
     last = max(e["step"] for e in events)
     return timeline_from_events([e for e in events if e["step"] == last])
 

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 
 from ...config import SCHEDULES, ConfigError
 from ...formulas.pipeline_parallel import bubble_fraction
-from ...parallel.schedules import make_schedule, peak_in_flight, simulate
+from ...parallel.schedule_analysis import peak_in_flight
+from ...parallel.schedules import make_schedule, simulate
 from ..figures.pipeline_parallel import plot_schedule
 from ..style import INVALID, PAGE_WIDTH
 from ..widgets import choice, explorer, slider

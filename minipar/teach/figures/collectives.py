@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from ...ring import ring_schedule
-from ...formulas.collectives import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
+from ...formulas.collective_time import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
 from ..style import PAGE_WIDTH, SMALL
 
 # Bytes one rank sends, as a fraction of the message S, under the ring algorithm. Written

@@ -15,8 +15,8 @@ from ...config import ModelConfig
 from ...formulas.memory import activation_elements
 from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.schedules import stage_layer_counts
-from ...parallel.context import (attention_work, block_forward, contiguous_chunks,
-                                 local_positions, merge, ring_steps, zigzag_chunks)
+from ...parallel.context import (block_forward, local_positions, merge, ring_steps, zigzag_chunks)
+from ...parallel.context_analysis import attention_work, contiguous_chunks
 from ..style import COLORS, PAGE_WIDTH, log2_ticks
 
 CP_LAYOUTS = {"contiguous": contiguous_chunks, "zigzag": zigzag_chunks}

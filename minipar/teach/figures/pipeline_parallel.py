@@ -1,8 +1,8 @@
 """Figures of the pipeline-parallel chapter: schedules as Gantt charts, and their bubble.
 
 A schedule (simulated by `parallel.schedules.simulate`, or measured: a `--profile` trace's
-pipeline actions, `profile.pipeline_events`) drawn one row per pipeline rank, and the bubble
-fraction of each schedule as the number of micro-batches grows.
+pipeline actions, `parallel.schedule_analysis.pipeline_events`) drawn one row per pipeline
+rank, and the bubble fraction of each schedule as the number of micro-batches grows.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from ...formulas.pipeline_parallel import bubble_fraction
 from ... import profile
-from ...parallel.schedules import Timeline, make_schedule, simulate, timeline_from_events
+from ...parallel.schedule_analysis import pipeline_events, timeline_from_events
+from ...parallel.schedules import Timeline, make_schedule, simulate
 from ..style import COLORS, GREY, PAGE_WIDTH, lighter
 
 PASSES = ("F", "B", "W")
@@ -55,7 +56,7 @@ def plot_schedule(schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float = 0.0
 def plot_trace(path, ax=None, title=None):
     """The Gantt chart of a measured run (`python -m minipar.train ... --profile DIR`): the
     pipeline actions of one replica, every step."""
-    events = profile.pipeline_events(profile.load(path))
+    events = pipeline_events(profile.load(path))
     ax = plot_schedule(timeline_from_events(events), ax=ax, title=title)
     ax.set_xlabel("time (s)")
     return ax

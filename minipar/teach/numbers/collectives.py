@@ -6,7 +6,8 @@ from __future__ import annotations
 from ...config import ModelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER as C
 from ...costmodel.table4 import TABLE4
-from ...formulas.collectives import all_reduce_cost, all_reduce_time, wire_bytes
+from ...formulas.collective_time import all_reduce_cost, all_reduce_time
+from ...formulas.collectives import wire_bytes
 from .core import Number, assumed, derived
 
 ALPHA_NVLINK = C.nvlink_latency_us * 1e-6      # s per ring step inside a server: assumed

@@ -17,7 +17,7 @@ from ...costmodel.table4 import TABLE4
 from ...formulas.memory import activation_elements
 from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.schedules import stage_layer_counts
-from ...parallel.context import attention_work, contiguous_chunks
+from ...parallel.context_analysis import attention_work, contiguous_chunks
 from .core import Number, derived
 
 # A 7B-like model with full multi-head attention (every query head its own K/V head).
