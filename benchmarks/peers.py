@@ -248,7 +248,8 @@ def _pp_rank(n_steps: int, batch: int, seq: int, n_micro: int):
 
     parts = build_stage_modules(cfg, pcfg, grid, seed=0)
     opt = torch.optim.AdamW([w for m in parts for w in m.parameters()], lr=1e-4)
-    micro = list(tokens.chunk(n_micro))
+    # the executor takes (tokens, targets, positions) per micro-batch, as the training loop cuts them
+    micro = [(t[:, :-1], t[:, 1:], torch.arange(seq)) for t in tokens.chunk(n_micro)]
 
     def ours():
         opt.zero_grad(set_to_none=True)
