@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 from typing import Iterator
 
@@ -267,6 +268,9 @@ def problems(args) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    # Ctrl-C stops it even where SIGINT came ignored (a shell's background job, nohup):
+    # Python raises KeyboardInterrupt only if it found SIGINT not ignored at start
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return write(args)
     except KeyboardInterrupt:       # Ctrl-C: one line and 128 + SIGINT, as the trainer
