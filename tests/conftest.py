@@ -40,3 +40,13 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def no_rank_may_start(monkeypatch):
+    """Bad input is refused before any process starts: starting one fails the test."""
+    from minipar import launch
+
+    def refuse(*a, **k):
+        raise AssertionError("a rank was started for input that could be checked first")
+    monkeypatch.setattr(launch, "run_local", refuse)

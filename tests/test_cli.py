@@ -51,16 +51,6 @@ BAD = [
 ]
 
 
-@pytest.fixture
-def no_rank_may_start(monkeypatch):
-    """Bad input is refused before any process starts: starting one fails the test."""
-    from minipar import launch
-
-    def refuse(*a, **k):
-        raise AssertionError("a rank was started for input that could be checked first")
-    monkeypatch.setattr(launch, "run_local", refuse)
-
-
 @pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_exits_2_with_one_line(argv, message, capsys, no_rank_may_start):
     try:

@@ -46,13 +46,6 @@ def user(tmp_path, monkeypatch):
     return User
 
 
-@pytest.fixture
-def no_rank(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("a rank started for input that could be checked first")
-    monkeypatch.setattr(launch, "run_local", refuse)
-
-
 def refused(argv, capsys, *words, status=2):
     """`main(argv)` exits `status` with one `error:` line holding each of `words`."""
     code = main([*argv, *SHORT])
@@ -78,7 +71,7 @@ NAMED = [
 
 
 @pytest.mark.parametrize("argv,said", NAMED, ids=[" ".join(a) for a, _ in NAMED])
-def test_outputs_and_data_may_not_name_each_other(argv, said, user, capsys, no_rank):
+def test_outputs_and_data_may_not_name_each_other(argv, said, user, capsys, no_rank_may_start):
     refused(argv, capsys, said, ONE_LINE_RULE)
     assert user.unchanged()
     assert not os.path.exists("out") and not os.path.exists("hf")     # nothing was made
@@ -95,7 +88,7 @@ def test_outputs_side_by_side_are_allowed(user, capsys, monkeypatch):
     assert started and user.unchanged()
 
 
-def test_a_symlink_to_the_corpus_is_the_corpus(user, capsys, no_rank):
+def test_a_symlink_to_the_corpus_is_the_corpus(user, capsys, no_rank_may_start):
     os.symlink("corpus.txt", "log.jsonl")
     before = os.stat("corpus.txt")
     refused(["--data", "corpus.txt", "--log-json", "log.jsonl"], capsys, ONE_LINE_RULE)
@@ -105,13 +98,13 @@ def test_a_symlink_to_the_corpus_is_the_corpus(user, capsys, no_rank):
 
 # ------------------------------------------------------------ whose directory it is
 @pytest.mark.parametrize("flag", ["--save", "--export-hf"])
-def test_a_directory_of_the_users_files_is_refused_not_emptied(flag, user, capsys, no_rank):
+def test_a_directory_of_the_users_files_is_refused_not_emptied(flag, user, capsys, no_rank_may_start):
     refused([flag, "notes"], capsys, f"{flag} notes holds files minipar may not replace",
             "give a new or empty one")
     assert user.unchanged() and os.listdir("notes") == ["todo.txt"]
 
 
-def test_an_export_never_replaces_a_checkpoint_directory(user, capsys, no_rank):
+def test_an_export_never_replaces_a_checkpoint_directory(user, capsys, no_rank_may_start):
     os.makedirs("ckpt")
     for name in (checkpoint.MARK, checkpoint.LATEST):
         open(os.path.join("ckpt", name), "w").close()
@@ -126,7 +119,7 @@ def test_an_export_never_replaces_a_checkpoint_directory(user, capsys, no_rank):
     (["--save", "afile/sub"], "Not a directory"),
     (["--log-json", "notes"], "--log-json notes is a directory, not a file"),
 ])
-def test_a_file_where_a_directory_is_wanted_and_back(argv, said, user, capsys, no_rank):
+def test_a_file_where_a_directory_is_wanted_and_back(argv, said, user, capsys, no_rank_may_start):
     refused(argv, capsys, said)
     assert user.unchanged()
 
@@ -145,11 +138,11 @@ UNWRITABLE = [
 @pytest.mark.skipif(not os.path.isdir("/proc/self") or not os.path.exists("/dev/full"),
                     reason="needs /proc and /dev/full")
 @pytest.mark.parametrize("argv,said", UNWRITABLE, ids=[" ".join(a) for a, _ in UNWRITABLE])
-def test_an_unwritable_output_is_refused_before_any_rank(argv, said, capsys, no_rank):
+def test_an_unwritable_output_is_refused_before_any_rank(argv, said, capsys, no_rank_may_start):
     refused(argv, capsys, said)
 
 
-def test_the_probes_leave_the_users_files_as_they_were(user, capsys, no_rank):
+def test_the_probes_leave_the_users_files_as_they_were(user, capsys, no_rank_may_start):
     """Every output is probed, then a later check refuses the run: the existing log keeps its
     bytes and mtime, and no probe file is left anywhere."""
     (user.path / "short.txt").write_text("0123456789")
@@ -192,7 +185,7 @@ def test_an_export_replaces_only_its_own_directory(user, capsys):
 
 # ------------------------------------------------------------ one run per --save directory
 @pytest.mark.slow
-def test_a_second_run_on_a_save_directory_is_refused_naming_the_owner(tmp_path, capsys, no_rank):
+def test_a_second_run_on_a_save_directory_is_refused_naming_the_owner(tmp_path, capsys, no_rank_may_start):
     root = str(tmp_path / "ckpt")
     with checkpoint.claim(root):        # this process owns it, as a running launcher would
         refused(["--save", root], capsys, f"--save {root} is in use by another run",

@@ -66,16 +66,6 @@ def good(tmp_path_factory):
     return path
 
 
-@pytest.fixture
-def no_rank_may_start(monkeypatch):
-    """Bad input is refused before any process starts: starting one fails the test."""
-    from minipar import launch
-
-    def refuse(*a, **k):
-        raise AssertionError("a rank was started for input that could be checked first")
-    monkeypatch.setattr(launch, "run_local", refuse)
-
-
 def edited(good, tmp_path, change) -> str:
     """A copy of `good` whose config.json is `change(config)` (or what it returns)."""
     path = shutil.copytree(good, tmp_path / "llama")
