@@ -10,16 +10,17 @@ The package, in reading order:
 
     hardware   the cluster: peak, HBM, the network hierarchy; a collective's alpha-beta time
     gpus       the GPU data sheets by name (--gpu h100), any field overridable
-    constants  the fitted efficiencies (data/constants.json), the precisions
+    constants  the measured constants, each with its source (data/kernels_h200.json), the precisions
+    frameworks what each software stack does (llama3, megatron, nanotron, deepspeed)
     workload   the batch and micro-batches; every rule a layout must obey
     memory     what the most loaded GPU holds (parameters, gradients, optimizer, activations)
     wire       the bytes each GPU sends per step, by axis, as CommLog counts them
-    kernels    compute of a micro-batch: matmuls by a roofline, attention, memory-bound
+    kernels    compute of a micro-batch: measured GEMMs and attention, memory-bound by bytes
     exposure   what each axis's communication costs once overlap is counted
     time       the step time and MFU: `estimate`
     table4     Llama 3's Table 4 and our prediction of each row
     calibration  the published runs (data/published_runs.csv) as the model's objects
-    fit        `python -m minipar.costmodel.fit`: the constants from those runs only
+    evaluate   `python -m minipar.costmodel.evaluate`: prediction, publication, error
     search     every valid layout of N GPUs, ranked by MFU
     defaults   layout-dependent defaults, chosen for the layout given
     planner    the pruned exhaustive search, limiting terms, the binding constraint
@@ -43,17 +44,18 @@ from ..formulas.data_parallel import dp_bytes, zero_padded_numel
 from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_layer_bytes, tp_norm_bytes
 from ..formulas.collectives import wire_bytes as ring_bytes
 from .cli import build_parser, config_from_args, format_estimate, human_bytes, main
-from .constants import (BF16_MIXED, CAUSAL_FRACTION, FP32, LLAMA3_EFFICIENCY, PRECISIONS,
-                        TABLE4_BATCH_TOKENS, Efficiency, Precision)
+from .constants import (BF16_MIXED, CAUSAL_FRACTION, CONSTANTS, FP32, LLAMA3_EFFICIENCY, PRECISIONS,
+                        TABLE4_BATCH_TOKENS, Constant, Efficiency, Precision)
+from .frameworks import FRAMEWORKS, Framework, framework
 from .hardware import (LLAMA3_CLUSTER, Cluster, axis_group, axis_seconds, dp_group_span,
                        group_bandwidth_GBps)
 from .memory import memory_of_rank, memory_per_gpu, param_total_local
 from .calibration import PLAYBOOK_MODELS, PublishedRun, published_runs
 from .gpus import GPU_NAMES, GPU_SHEETS, gpu_cluster
-from .kernels import attention_efficiency, matmul_seconds
+from .kernels import attention_seconds, matmul_seconds
 from .planner import Plan, binding_constraint, limiting_term, plan
 from .search import best_configs
-from .table4 import TABLE4, Table4Row, table4, table4_fit_counts
+from .table4 import TABLE4, Table4Row, table4
 from .time import (Estimate, compute_seconds, dp_exposed_seconds, estimate, wire_seconds)
 from .wire import comm_bytes_per_gpu
 from .workload import Workload, layout_problems, make_workload, workload_problems
@@ -74,9 +76,10 @@ __all__ = [
     "memory_per_gpu", "memory_of_rank", "param_total_local", "comm_bytes_per_gpu",
     "Estimate", "estimate", "compute_seconds", "dp_exposed_seconds", "wire_seconds",
     # Table 4, the search, the CLI
-    "Table4Row", "TABLE4", "table4", "table4_fit_counts", "best_configs",
+    "Table4Row", "TABLE4", "table4", "best_configs", "Constant", "CONSTANTS",
+    "Framework", "FRAMEWORKS", "framework",
     # GPUs, kernels, the calibration runs, the planner
-    "GPU_NAMES", "GPU_SHEETS", "gpu_cluster", "matmul_seconds", "attention_efficiency",
+    "GPU_NAMES", "GPU_SHEETS", "gpu_cluster", "matmul_seconds", "attention_seconds",
     "PLAYBOOK_MODELS", "PublishedRun", "published_runs", "Plan", "plan", "limiting_term",
     "binding_constraint",
     "build_parser", "config_from_args", "human_bytes", "format_estimate", "main",

@@ -1,12 +1,13 @@
-"""The published runs the cost model is fitted on, read into the model's own objects.
+"""The published runs the cost model is evaluated on, read into the model's own objects.
 
 Chapter "Four dimensions at once". `data/published_runs.csv` is a copy of the project's
 `calibration/published_runs.csv` (sources in its header: Llama 3's Table 4 and the
 Ultra-Scale Playbook's best configuration per model size and node count). Each row becomes
 the four things `estimate` takes: a model, a layout, a cluster and a batch. Other published
-tables are held back to test the model: nothing else may be fitted on. The Playbook's
-heatmap has more cells than the calibration file holds (`data/playbook_heatmap.csv`, every
-cell with the memory it printed): the others are the held-out runs `fit` reports on.
+tables are held back to test the model, and nothing is fitted on any of them. Each row names
+the framework that ran it (`frameworks`): its behaviours are an input. The Playbook's
+heatmap has more cells than the evaluation file holds (`data/playbook_heatmap.csv`, every
+cell with the memory it printed): `evaluate` reports on those too.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from .. import flops
 from ..config import ModelConfig, ParallelConfig
 from .gpus import gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
-from .exposure import fsdp_unit_mb
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
+from .frameworks import apply, framework
 from .workload import Workload, layout_problems
 
 RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
@@ -69,8 +71,12 @@ class PublishedRun:
     parallel: ParallelConfig
     cluster: Cluster
     work: Workload
-    mfu: float              # in minipar's FLOP count (`minipar.flops`): what the fit compares
+    mfu: float              # in minipar's FLOP count (`minipar.flops`): what is compared
     printed_mfu: float      # as the source prints it
+    framework: str = "nanotron"
+    note: str = ""
+    precision: Precision = BF16_MIXED
+    efficiency: Efficiency = LLAMA3_EFFICIENCY
 
     @property
     def label(self) -> str:
@@ -142,14 +148,15 @@ def _run(row: dict) -> PublishedRun:
                         tp_overlap=False,
                         schedule=row["schedule"], virtual_stages=v,
                         microbatches=batch // (dp * mbs), cp_impl="allgather")
-    if llama3:       # FSDP reduces and gathers one layer's unit at a time, not 25 MB buckets
-        pc = pc.replace(bucket_mb=fsdp_unit_mb(_model(row["model"]), tp))
+    name = row.get("framework") or ("llama3" if llama3 else "nanotron")
+    pc, precision, eff = apply(framework(name), _model(row["model"]), pc)
     cluster = LLAMA3_CLUSTER if llama3 else gpu_cluster("h100")
     split = "even" if llama3 else "nanotron"     # nanotron cuts the pipeline by its own rule
     model, printed = _model(row["model"]), float(row["mfu"])
     ratio = 1.0 if llama3 else playbook_flops_ratio(model, pp, seq)
     return PublishedRun(row["source"], model, pc, cluster,
-                        Workload(seq, batch, mbs, stage_split=split), printed / ratio, printed)
+                        Workload(seq, batch, mbs, stage_split=split), printed / ratio, printed,
+                        name, row.get("note") or "", precision, eff)
 
 
 def _rows(path: Path) -> list[dict]:

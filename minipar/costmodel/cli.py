@@ -17,7 +17,8 @@ from dataclasses import replace
 
 from ..cli import Chosen, Parser, add_flags
 from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
-from .constants import LLAMA3_EFFICIENCY, PRECISIONS
+from .constants import CONSTANTS, PRECISIONS
+from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
@@ -67,16 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "training step. Defaults: Llama 3 405B, Table 4 row 1.")
     _add_model_and_hardware_flags(p)
     _add_layout_flags(p.add_argument_group("layout and batch"))
-    g = p.add_argument_group("numerics and the model's constants")
+    g = p.add_argument_group("numerics and the software stack")
     g.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16",
                    help="bf16: Llama 3's mixed precision; fp32: minipar on CPU")
-    e = LLAMA3_EFFICIENCY
-    g.add_argument("--dense-efficiency", type=float, default=e.dense)
-    g.add_argument("--attention-efficiency", type=float, default=e.attention)
-    g.add_argument("--network-efficiency", type=float, default=e.network,
-                   help="fraction of NVLink's bandwidth collectives reach inside a server")
-    g.add_argument("--network-inter-efficiency", type=float, default=e.network_inter,
-                   help="the same fraction for the NICs across servers")
+    g.add_argument("--framework", choices=tuple(FRAMEWORKS),
+                   help="the software stack's behaviours (frameworks.py): kernels, reduce dtype, "
+                        "DP buckets, ZeRO, TP overlap; default: the preset's own (llama3 for the "
+                        "Llama 3 presets), else megatron. --zero, --bucket-mb, --tp-overlap given "
+                        "explicitly win over the framework's")
     p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
     return p
 
@@ -287,27 +286,44 @@ def plan_main(argv) -> int:
     return 0
 
 
+def constants_main(argv) -> int:
+    """`python -m minipar.costmodel constants [--json]`: every constant, its value, unit and
+    source."""
+    p = argparse.ArgumentParser(prog="python -m minipar.costmodel constants",
+                                description="Every constant of the cost model with its source.")
+    p.add_argument("--json", action="store_true", help="one JSON list of {name, value, unit, source}")
+    args = p.parse_args(argv)
+    rows = [{"name": c.name, "value": c.value, "unit": c.unit, "source": c.source} for c in CONSTANTS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['name']:24s} {r['value']:>10g} {r['unit']:20s} {r['source']}")
+    return 0
+
+
 def main(argv=None) -> int:
     """`python -m minipar.costmodel [flags]` predicts one step; `... plan [flags]` ranks
-    layouts (`planner.main`)."""
+    layouts (`planner.main`); `... constants [--json]` lists the constants."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["plan"]:
         return plan_main(argv[1:])
+    if argv[:1] == ["constants"]:
+        return constants_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         model, cluster, parallel, work = config_from_args(args)
-        eff = replace(LLAMA3_EFFICIENCY, dense=args.dense_efficiency,
-                      attention=args.attention_efficiency, network=args.network_efficiency,
-                      network_inter=args.network_inter_efficiency)
-        for flag, value in (("--dense-efficiency", eff.dense), ("--attention-efficiency", eff.attention),
-                            ("--network-efficiency", eff.network),
-                            ("--network-inter-efficiency", eff.network_inter)):
-            if not 0 < value <= 1:
-                raise ConfigError(f"{flag} {value} must be in (0, 1]")
-        e = estimate(model, parallel, cluster, work.seq_len, global_batch=work.global_batch,
+        name = args.framework or PRESET_FRAMEWORK.get(args.preset, "megatron")
+        if args.framework is None:
+            args.notes.append(f"chose --framework {name} (the preset's own stack)"
+                              if args.preset in PRESET_FRAMEWORK else f"chose --framework {name}")
+        pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, PRECISIONS[args.precision])
+        given = {k: getattr(parallel, k) for k, flag in (("zero", "--zero"), ("bucket_mb", "--bucket-mb"),
+                                                         ("tp_overlap", "--tp-overlap")) if flag in argv}
+        e = estimate(model, pc.replace(**given), cluster, work.seq_len, global_batch=work.global_batch,
                      microbatch_size=work.microbatch_size, recompute=work.recompute,
-                     precision=PRECISIONS[args.precision], efficiency=eff)
+                     precision=precision, efficiency=eff)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,49 +1,159 @@
-"""The numbers the cost model does not derive: efficiencies, precisions, Llama 3's batch.
+"""The numbers the cost model does not derive, each with where it comes from.
 
 Chapter "MFU and communication volume". Everything else is counted from the model, the
-layout and the GPU's data sheet; these are the few constants fitted on published runs (one
-set for every run, `fit.py`), the two measured elsewhere, and the bytes per element of
-each kind of tensor.
+layout and the GPU's data sheet. These are measurements of the hardware: the kernels a
+step is made of, timed on a Hopper GPU by `benchmarks/kernels/measure.py` (its output is
+`data/kernels_h200.json`), NCCL's own latency model and the bus bandwidth nccl-tests
+report. **None is fitted to an MFU**: the published runs are what the model is judged on
+(`evaluate.py`). `python -m minipar.costmodel constants [--json]` lists them all.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-
-__all__ = ["TABLE4_BATCH_TOKENS", "Efficiency", "LLAMA3_EFFICIENCY",
-           "FITTED", "CONSTANTS_FILE", "load_efficiency", "MEMORY_BOUND_EFFICIENCY",
-           "ATTENTION_HALF_SEQ", "CAUSAL_FRACTION", "Precision", "BF16_MIXED", "FP32", "PRECISIONS"]
+__all__ = ["TABLE4_BATCH_TOKENS", "Constant", "CONSTANTS", "KERNELS", "KERNELS_FILE",
+           "Efficiency", "LLAMA3_EFFICIENCY", "STREAM_FRACTION", "CAUSAL_FRACTION",
+           "EAGER_ELEMENTWISE", "FUSED_ELEMENTWISE", "GEMM_CURVE", "NCCL_LATENCY_US",
+           "Precision", "BF16_MIXED", "FP32", "PRECISIONS", "MEASURED_PEAK_TFLOPS"]
 
 TABLE4_BATCH_TOKENS = 2048 * 8192          # "16M tokens per batch": 2048 sequences of 8K
+CAUSAL_FRACTION = 0.5       # a causal kernel computes half of the s x s square
+
+KERNELS_FILE = Path(__file__).parent / "data" / "kernels_h200.json"
+KERNELS = json.loads(KERNELS_FILE.read_text())
+MEASURED_PEAK_TFLOPS = 989.4      # the H200's dense bf16 data sheet number, the H100 SXM's too
+MEASURED_HBM_TBps = 4.8           # the H200's HBM3e; memory-bound kernels scale by this
+
+
+@dataclass(frozen=True)
+class Constant:
+    """One number the model takes as given: what it is, and who says so."""
+
+    name: str
+    value: float
+    unit: str
+    source: str
+
+
+MEASURE = "measured here: benchmarks/kernels/measure.py on an NVIDIA H200 (data/kernels_h200.json)"
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def _layer_gemm_seconds(spec: dict) -> float:
+    """Seconds of the measured GEMMs of one measured block (its 4 linears x 3 products)."""
+    table = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
+    tp, h, d, t = spec["tp"], spec["dim"], spec["head_dim"], spec["tokens"]
+    q, kv, f = spec["heads"] // tp, max(1, spec["kv"] // tp), spec["ffn"] // tp
+    total = 0.0
+    for d_in, d_out in ((h, (q + 2 * kv) * d), (q * d, h), (h, 2 * f), (f, h)):
+        total += table[(t, d_out, d_in)] + table[(t, d_in, d_out)] + table[(d_in, d_out, t)]
+    return total
+
+
+def attention_tflops(kernel: str, block: float) -> float:
+    """Measured forward + backward TFLOP/s (causal FLOPs: half the square; the backward
+    counted as twice the forward) of an attention kernel on `block`-token sequences,
+    interpolated in log(block) between the measured lengths, flat beyond them."""
+    rows = KERNELS["attention"][kernel]
+    xs = [math.log(r["seq"]) for r in rows]
+    ys = [3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12 for r in rows]
+    x = math.log(max(block, 1.0))
+    if x <= xs[0]:
+        return ys[0] * block / rows[0]["seq"]          # shorter than measured: launch-bound
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def _elementwise_bytes(spec: dict) -> float:
+    """The forward's pointwise bytes of one measured block as `kernels` counts them."""
+    h, tp = spec["dim"], spec["tp"]
+    kv = max(1, spec["kv"] // tp) * spec["head_dim"]
+    per_token = (2 * 2 * h + 2 * 3 * h) + 2 * (spec["heads"] // tp * spec["head_dim"] + kv) + 3 * spec["ffn"] / tp
+    return 3 * 2 * per_token * spec["tokens"]
+
+
+def _pointwise_factor(layers: list[dict], kernel: str = "flash") -> float:
+    """Median, over measured blocks, of (block - its GEMMs - its attention) seconds over
+    the time `kernels` gives their pointwise bytes at the stream bandwidth: how many times
+    the counted bytes an implementation's norms, RoPE, SwiGLU and adds really move."""
+    out = []
+    for spec in layers:
+        attn = 3 * 4 * spec["tokens"] * spec["heads"] // spec["tp"] * spec["seq"] * spec["head_dim"] / 2
+        rest = (spec["fwd_bwd_s"] - _layer_gemm_seconds(spec)
+                - attn / (attention_tflops(kernel, spec["seq"]) * 1e12))
+        out.append(rest / (_elementwise_bytes(spec) / (STREAM_FRACTION * MEASURED_HBM_TBps * 1e12)))
+    return _median(out)
+
+
+def _gemm_curve() -> tuple[float, float, float]:
+    """(e, w, t0) of t = F / (e P) + B / (w W) + t0 by least squares, relative error, over
+    every measured GEMM: the kernel curve for shapes nobody measured. A fit of a kernel
+    curve to a kernel benchmark, not to any MFU."""
+    rows = KERNELS["gemms"] + KERNELS["square"]
+    a = [[2 * r["m"] * r["n"] * r["k"] / (MEASURED_PEAK_TFLOPS * 1e12) / r["s"],
+          2 * (r["m"] * r["k"] + r["k"] * r["n"] + r["m"] * r["n"]) / (MEASURED_HBM_TBps * 1e12) / r["s"],
+          1 / r["s"]] for r in rows]
+    # normal equations of min sum (a x - 1)^2, three unknowns, solved by Cramer's rule
+    ata = [[sum(r[i] * r[j] for r in a) for j in range(3)] for i in range(3)]
+    atb = [sum(r[i] for r in a) for i in range(3)]
+
+    def det(m):
+        return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+                + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+    d = det(ata)
+    x = [det([[atb[r] if c == i else ata[r][c] for c in range(3)] for r in range(3)]) / d for i in range(3)]
+    return 1 / x[0], 1 / x[1], x[2]
+
+
+STREAM_FRACTION = KERNELS["hbm"]["copy_Bps"] / (MEASURED_HBM_TBps * 1e12)
+GEMM_CURVE = _gemm_curve()
+EAGER_ELEMENTWISE = _pointwise_factor(KERNELS["layers"])
+FUSED_ELEMENTWISE = 1.0
+# NCCL's own latency model (src/graph/tuning.cc, NVIDIA/nccl v2.18-2.21): a collective pays
+# a base latency, then each ring step its link's: Ring/Simple protocol, microseconds.
+NCCL_LATENCY_US = {"base": 8.4, "nvlink_step": 3.4, "net_step": 14.0, "net_overhead": 3.0}
+# Bus bandwidth (nccl-tests' busbw) over the link's data-sheet rate: NVLink 4 inside an
+# HGX H100 (ring all-reduce ~370 of 450 GB/s, NCCL maintainers' numbers on NVIDIA/nccl's
+# issues) and a 400 Gb/s InfiniBand NDR / RoCE NIC per GPU across servers (~46 of 50 GB/s
+# in nccl-tests across nodes).
+NVLINK_BUSBW_FRACTION = 370 / 450
+NIC_BUSBW_FRACTION = 46 / 50
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The numbers the model does not derive: fitted by `python -m minipar.costmodel.fit` on
-    the published runs of `data/published_runs.csv` alone, and loaded from
-    `data/constants.json` (the defaults below are that file's values when it is missing).
+    """How a software stack reaches the hardware: which kernels it runs and how much of the
+    links NCCL gets. Every field is a measurement or a named kernel (`frameworks` picks one
+    per stack); none is fitted to an MFU.
 
-    dense:     fraction of the peak a large bf16 GEMM sustains in a training step (the
-               roofline's flat part; a thin GEMM gets less, `kernels.matmul_seconds`). A
-               700 W H100 sustains ~65-75% of its 989 TFLOP/s data-sheet number.
-    attention: fraction of the peak flash attention approaches on long blocks, forward and
-               backward, on the FLOPs it really does (half the causal square).
-    network:   fraction of NVLink's bandwidth a collective inside a server achieves
-               (nccl-tests' "bus bandwidth" over the link rate).
-    network_inter: the same fraction for the NICs across servers (RDMA over a switched
-               fabric reaches less of its line rate than NVLink does).
-    overhead:  fraction of each micro-batch's compute lost to what this model does not
-               count (launch gaps, synchronisation, stragglers, Python). Not fitted (0):
-               a free fudge factor would hide what the physics misses.
+    network:       NVLink bus bandwidth / data-sheet rate (nccl-tests)
+    network_inter: the NIC's, across servers
+    attention:     the attention kernel: "flash2" (FlashAttention-2, as PyTorch's SDPA
+                   ships it) or "cudnn" (cuDNN's fused attention, Transformer Engine's
+                   default on Hopper), each timed by measure.py
+    elementwise:   bytes the norms, RoPE, SwiGLU and residual adds really move over the
+                   bytes `kernels` counts: 1 for fused kernels, EAGER_ELEMENTWISE (measured)
+                   for eager PyTorch, one kernel per op
+    cross_entropy: "fused" (one kernel over the logits) or "eager" (op by op in fp32)
+    overhead:      fraction of compute lost to what the model does not count. 0: a free
+                   factor would hide what the physics misses.
     """
 
-    dense: float = 0.7
-    attention: float = 0.4
-    network: float = 0.8
+    network: float = NVLINK_BUSBW_FRACTION
+    network_inter: float = NIC_BUSBW_FRACTION
+    attention: str = "cudnn"
+    elementwise: float = FUSED_ELEMENTWISE
+    cross_entropy: str = "fused"
     overhead: float = 0.0
-    network_inter: float = 0.8
 
     @property
     def links(self) -> tuple[float, float]:
@@ -51,26 +161,47 @@ class Efficiency:
         return self.network, self.network_inter
 
 
-FITTED = ("dense", "attention", "network", "network_inter")
-CONSTANTS_FILE = Path(__file__).parent / "data" / "constants.json"
+# Llama 3's stack: the paper names no kernels; a Hopper-tuned attention and fused pointwise
+# kernels are assumed (`frameworks.LLAMA3` says so).
+LLAMA3_EFFICIENCY = Efficiency()
 
 
-def load_efficiency(path: Path = CONSTANTS_FILE) -> Efficiency:
-    """The fitted constants from `path` (`fit.py` writes it), or the defaults."""
-    try:
-        fitted = json.loads(path.read_text())["constants"]
-    except FileNotFoundError:
-        return Efficiency()
-    return Efficiency(**{k: float(fitted[k]) for k in FITTED if k in fitted})
+def _constants() -> list[Constant]:
+    square = max(KERNELS["square"], key=lambda r: 2 * r["m"] ** 3 / r["s"])
+    e, w, t0 = GEMM_CURVE
+    flash, cudnn = (attention_tflops(k, 8192) for k in ("flash", "cudnn"))
+    out = [
+        Constant("h100.peak_bf16", 989.4, "TFLOP/s", "NVIDIA H100 SXM5 data sheet (dense bf16)"),
+        Constant("h100.hbm", 3.35, "TB/s", "NVIDIA H100 SXM5 data sheet (80 GB HBM3)"),
+        Constant("h100.nvlink", 450, "GB/s per direction", "NVIDIA H100 SXM5 data sheet (NVLink 4, 900 GB/s both ways)"),
+        Constant("h100.nic", 400, "Gb/s per GPU", "ConnectX-7 NDR / RoCE, one per GPU (Llama 3 paper section 3.3.1)"),
+        Constant("gemm.max_fraction", round(2 * square["m"] ** 3 / square["s"] / 989.4e12, 3), "of peak",
+                 f"{MEASURE}: the best square bf16 GEMM ({square['m']}^3); stas00/ml-engineering's MAMF finder "
+                 "reports 794.5 TFLOP/s (0.803) on an H100 SXM"),
+        Constant("gemm.table", len(KERNELS["gemms"]), "shapes", f"{MEASURE}: every GEMM of the published runs' layers"),
+        Constant("gemm.curve_e", round(e, 3), "of peak", f"{MEASURE}: kernel curve fitted to the GEMM sweep, for other shapes"),
+        Constant("gemm.curve_w", round(w, 2), "x HBM", f"{MEASURE}: the curve's operand-traffic term"),
+        Constant("gemm.curve_t0", round(t0 * 1e6, 1), "us", f"{MEASURE}: the curve's fixed cost per GEMM"),
+        Constant("attention.flash2_8k", round(flash, 0), "TFLOP/s", f"{MEASURE}: SDPA FlashAttention-2, causal, head dim 128, fwd+bwd"),
+        Constant("attention.cudnn_8k", round(cudnn, 0), "TFLOP/s", f"{MEASURE}: SDPA cuDNN attention, causal, head dim 128, fwd+bwd"),
+        Constant("hbm.stream_fraction", round(STREAM_FRACTION, 3), "of HBM", f"{MEASURE}: a 2 GiB device copy"),
+        Constant("elementwise.eager", round(EAGER_ELEMENTWISE, 2), "x counted bytes",
+                 f"{MEASURE}: eager PyTorch blocks, (block - GEMMs - attention) over the counted pointwise bytes, median of {len(KERNELS['layers'])}"),
+        Constant("elementwise.fused", FUSED_ELEMENTWISE, "x counted bytes",
+                 "assumption: a fused kernel streams its tensors once (torch.compile of the 405B block measured below it)"),
+        Constant("nccl.base_latency", NCCL_LATENCY_US["base"], "us", "NCCL src/graph/tuning.cc baseLat, Ring/Simple"),
+        Constant("nccl.nvlink_step", NCCL_LATENCY_US["nvlink_step"], "us", "NCCL src/graph/tuning.cc hwLat NVLink, Ring/Simple"),
+        Constant("nccl.net_step", NCCL_LATENCY_US["net_step"], "us", "NCCL src/graph/tuning.cc hwLat NET, Ring/Simple"),
+        Constant("nccl.net_overhead", NCCL_LATENCY_US["net_overhead"], "us", "NCCL src/graph/tuning.cc getNetOverhead x3 (Simple)"),
+        Constant("nvlink.busbw_fraction", round(NVLINK_BUSBW_FRACTION, 3), "of link",
+                 "nccl-tests all-reduce bus bandwidth on an 8x H100 NVLink server, ~370 of 450 GB/s (NCCL maintainers)"),
+        Constant("nic.busbw_fraction", round(NIC_BUSBW_FRACTION, 3), "of link",
+                 "nccl-tests bus bandwidth across nodes with one 400 Gb/s NDR NIC per GPU, ~46 of 50 GB/s"),
+    ]
+    return out
 
 
-LLAMA3_EFFICIENCY = load_efficiency()     # one set of constants for every run
-CAUSAL_FRACTION = 0.5       # a causal kernel computes half of the s x s square
-# Not fitted, measured elsewhere: streaming kernels (norms, adds) reach ~80% of HBM's data
-# sheet bandwidth; FlashAttention-2's throughput halves at ~512-token blocks (its paper's
-# sequence-length sweeps).
-MEMORY_BOUND_EFFICIENCY = 0.8
-ATTENTION_HALF_SEQ = 512
+CONSTANTS = {c.name: c for c in _constants()}
 
 
 @dataclass(frozen=True)
@@ -78,15 +209,16 @@ class Precision:
     """Bytes per element of what a GPU stores and sends."""
 
     param_bytes: int = 2        # the weights the matmuls read (and ZeRO all-gathers)
-    grad_bytes: int = 4         # gradients as accumulated and reduced
+    grad_bytes: int = 4         # gradients as accumulated
     act_bytes: int = 2          # activations, and what TP, CP and PP send
     optimizer_bytes: int = 12   # per parameter: Adam's m and v (+ fp32 master weights)
+    reduce_bytes: int = 4       # gradients as data parallelism reduces them
 
 
 # Llama 3: bf16 weights and activations; "FP32 gradient accumulation during backward
 # computation over multiple micro-batches and also reduce-scatter gradients in FP32"
 # (section 3.3.2); fp32 master weights and Adam moments.
-BF16_MIXED = Precision(param_bytes=2, grad_bytes=4, act_bytes=2, optimizer_bytes=12)
+BF16_MIXED = Precision(param_bytes=2, grad_bytes=4, act_bytes=2, optimizer_bytes=12, reduce_bytes=4)
 # minipar on CPU: everything float32, Adam's two moments, no separate master copy.
-FP32 = Precision(param_bytes=4, grad_bytes=4, act_bytes=4, optimizer_bytes=8)
+FP32 = Precision(param_bytes=4, grad_bytes=4, act_bytes=4, optimizer_bytes=8, reduce_bytes=4)
 PRECISIONS = {"bf16": BF16_MIXED, "fp32": FP32}

@@ -138,7 +138,7 @@ def dp_collective_seconds(params: float, pc: ParallelConfig, cluster: Cluster,
     """(reduce-scatter of the gradients, all-gather of the weights) of `params` parameters
     over the dp x cp group, in buckets of --bucket-mb (each bucket one collective)."""
     n = pc.dp * pc.cp
-    grad_bytes = params * precision.grad_bytes
+    grad_bytes = params * precision.reduce_bytes
     buckets = max(1.0, grad_bytes / (pc.bucket_mb * 1e6)) if pc.bucket_mb > 0 else 1.0
     if pc.zero == 0:     # one all-reduce (a tree across servers), counted as 2 x t_rs
         ar = wire_bytes("all_reduce", n, int(grad_bytes))

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import ParallelConfig
+from .constants import NCCL_LATENCY_US
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,8 @@ class Cluster:
     pod_size: int = 3072
     pod_oversubscription: float = 7.0
     n_gpus: int = 24576
-    nvlink_latency_us: float = 2.0      # one ring step of a collective inside a server
-    nic_latency_us: float = 8.0         # one ring step across servers (NIC + switch hops)
+    nvlink_latency_us: float = NCCL_LATENCY_US["nvlink_step"]   # one ring step inside a server
+    nic_latency_us: float = NCCL_LATENCY_US["net_step"]         # one ring step across servers
 
     @property
     def peak_flops(self) -> float:
@@ -140,14 +141,36 @@ def collective_steps(op: str, n: int, inter_node: bool) -> float:
     return 2.0 * per_pass if op == "all_reduce" else float(per_pass)
 
 
+def collective_latency_s(op: str, n: int, nodes: int, cluster: Cluster) -> float:
+    """Latency of one collective over n ranks on `nodes` servers, as NCCL's tuning model
+    counts it (src/graph/tuning.cc, Ring/Simple): a base latency, then each of the ring's
+    steps its link's latency; only the steps that cross servers pay the network's
+    (nodes - 1 for an all-gather or reduce-scatter, 2 nodes for an all-reduce), the others
+    NVLink's, but no less than the network's posting overhead once the ring leaves a server.
+    An all-reduce over many servers is a tree: 2 log2(nodes) network steps. A send: one step."""
+    if n <= 1:
+        return 0.0
+    lat = NCCL_LATENCY_US
+    step = cluster.nvlink_latency_us
+    intra = step if nodes <= 1 else max(step, lat["net_overhead"])
+    inter = cluster.nic_latency_us
+    if op == "send":
+        return 1e-6 * (inter if nodes > 1 else intra)
+    if op == "all_reduce" and nodes > 2:            # NCCL picks the tree at scale
+        per_node = n // nodes
+        return 1e-6 * (lat["base"] + 2 * ((per_node - 1) * intra + math.ceil(math.log2(nodes)) * inter))
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    inter_steps = (2 * nodes if op == "all_reduce" else nodes - 1) if nodes > 1 else 0
+    return 1e-6 * (lat["base"] + (steps - inter_steps) * intra + inter_steps * inter)
+
+
 def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
                  network: float | tuple[float, float], op: str | None = None,
                  calls: float = 0) -> float:
     """Seconds `nbytes` (wire bytes, all `calls` together) take through one group of `axis`:
     the alpha-beta model, bytes / (`network` x the group's bandwidth) plus `calls`
-    (`network`: one fraction, or (inside a server, across servers) as `Efficiency.links`)
-    collectives `op` of `collective_steps` each, every step paying its level's latency
-    (NVLink inside a server, the NIC's across servers)."""
+    collectives `op`, each paying NCCL's latency (`collective_latency_s`; `network`: one
+    bus-bandwidth fraction, or (inside a server, across servers) as `Efficiency.links`)."""
     stride, size, span = axis_group(pc, axis)
     if size <= 1 or nbytes == 0:
         return 0.0
@@ -155,6 +178,6 @@ def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
     inter = span > cluster.gpus_per_node
     intra_eff, inter_eff = network if isinstance(network, tuple) else (network, network)
     bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * (inter_eff if inter else intra_eff)
-    alpha = (cluster.nic_latency_us if inter else cluster.nvlink_latency_us) * 1e-6
-    steps = calls * collective_steps(op, size, inter) if op else 0.0
-    return nbytes / (bw * 1e9) + steps * alpha
+    nodes = max(1, min(size, math.ceil(span / cluster.gpus_per_node))) if inter else 1
+    latency = calls * collective_latency_s(op, size, nodes, cluster) if op else 0.0
+    return nbytes / (bw * 1e9) + latency

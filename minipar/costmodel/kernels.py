@@ -1,45 +1,53 @@
-"""How long one GPU computes one micro-batch: matmuls by a roofline, the rest by bytes.
+"""How long one GPU computes one micro-batch: each kernel by its measured speed.
 
 Chapter "Four dimensions at once" (where each axis's share of the step comes from). Three
-kinds of kernels make up a transformer layer, and each has its own physics:
+kinds of kernels make up a transformer layer, and each has its own physics, measured on a
+Hopper GPU by `benchmarks/kernels/measure.py` (`constants`):
 
-* matmuls: 2 m n k FLOPs on (m k + k n + m n) elements. Their time is the *smooth roofline*
-  F / (e P) + B / W: compute at the fraction e of the peak P that large GEMMs reach, plus
-  the operands' trip through HBM (bandwidth W). For a wide GEMM (arithmetic intensity
-  F / B in the thousands) the second term is a few percent; for a thin one (a small
-  micro-batch, a narrow TP shard) it is not, and the matmul runs below peak. That is what
-  makes TP8 of a 2,048-wide model slower per FLOP than TP8 of a 16,384-wide one.
-* the attention core (flash attention): its own kernel, whose efficiency rises with the
-  length of the sequence block it works on: e_att s / (s + s_half).
-* memory-bound kernels (RMSNorm, RoPE, SwiGLU's product, residual adds, casts): no
-  matmul, so only the bytes they read and write count, at HBM bandwidth.
+* matmuls: 2 m n k FLOPs. Every GEMM shape of the published runs was timed; another shape
+  follows the kernel curve fitted to that sweep, F / (e P) + B / (w W) + t0: compute at a
+  fraction e of the peak P, the operands' traffic, a fixed cost per launch. A thin GEMM (a
+  small micro-batch, a narrow TP shard) runs far below peak: that is what makes TP8 of a
+  2,048-wide model slower per FLOP than TP8 of a 16,384-wide one.
+* the attention core: its own kernel (FlashAttention-2 or cuDNN's), whose speed rises with
+  the length of the sequence block it works on, as measured.
+* memory-bound kernels (RMSNorm, RoPE, SwiGLU's product, residual adds, casts, the loss over
+  the vocabulary): no matmul, so only the bytes they move count, at the stream bandwidth
+  of HBM, times what the software stack's kernels really move (`Efficiency.elementwise`).
 
 The FLOPs are those of `minipar.flops` (6 N + 12 L h s per token, PaLM), cut into GEMMs of
-the shapes one TP rank runs; a causal kernel computes half of the s x s square.
+the shapes one TP rank runs; a causal kernel computes half of the s x s square. Measured on
+an H200 (an H100's compute, faster memory): compute scales by the peak, memory-bound work
+by the target's HBM bandwidth.
 """
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .constants import ATTENTION_HALF_SEQ, CAUSAL_FRACTION, MEMORY_BOUND_EFFICIENCY
+from .constants import (CAUSAL_FRACTION, GEMM_CURVE, KERNELS, MEASURED_HBM_TBps,
+                        MEASURED_PEAK_TFLOPS, STREAM_FRACTION, attention_tflops)
 from .hardware import Cluster
 
+GEMM_TABLE = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
 
-def matmul_seconds(m: float, n: float, k: float, cluster: Cluster, efficiency: float,
-                   dtype_bytes: int = 2) -> float:
-    """One GEMM [m, k] x [k, n] on one GPU: the smooth roofline F / (e P) + B / W."""
-    flops = 2.0 * m * n * k
+
+def matmul_seconds(m: float, n: float, k: float, cluster: Cluster, dtype_bytes: int = 2) -> float:
+    """One bf16 GEMM [m, k] x [k, n] on one GPU: measured if the shape was, else the curve."""
+    scale = MEASURED_PEAK_TFLOPS / cluster.peak_tflops
+    shape = (round(m), round(n), round(k))
+    if shape in GEMM_TABLE and dtype_bytes == 2:
+        return GEMM_TABLE[shape] * scale
+    e, w, t0 = GEMM_CURVE
     nbytes = dtype_bytes * (m * k + k * n + m * n)
-    return flops / (efficiency * cluster.peak_flops) + nbytes / cluster.hbm_Bps
+    return 2.0 * m * n * k / (e * cluster.peak_flops) + nbytes / (w * cluster.hbm_Bps) + t0
 
 
-def linear_seconds(tokens: float, d_in: float, d_out: float, cluster: Cluster,
-                   efficiency: float) -> tuple[float, float]:
+def linear_seconds(tokens: float, d_in: float, d_out: float, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) of one linear layer on `tokens` tokens: the forward GEMM, and
     the backward's two: input gradient [T, out] x [out, in] and weight gradient
     [in, T] x [T, out]. Same FLOPs each, different shapes."""
-    forward = matmul_seconds(tokens, d_out, d_in, cluster, efficiency)
-    backward = (matmul_seconds(tokens, d_in, d_out, cluster, efficiency)
-                + matmul_seconds(d_in, d_out, tokens, cluster, efficiency))
+    forward = matmul_seconds(tokens, d_out, d_in, cluster)
+    backward = (matmul_seconds(tokens, d_in, d_out, cluster)
+                + matmul_seconds(d_in, d_out, tokens, cluster))
     return forward, backward
 
 
@@ -56,27 +64,22 @@ def layer_params(model: ModelConfig, tp: int) -> float:
     return sum(d_in * d_out for d_in, d_out in layer_linears(model, tp).values())
 
 
-def layer_matmul_seconds(model: ModelConfig, tokens: float, tp: int, cluster: Cluster,
-                         efficiency: float) -> dict[str, tuple[float, float]]:
+def layer_matmul_seconds(model: ModelConfig, tokens: float, tp: int,
+                         cluster: Cluster) -> dict[str, tuple[float, float]]:
     """{linear: (forward, backward) seconds} of one block's weight matmuls, one micro-batch."""
-    return {name: linear_seconds(tokens, d_in, d_out, cluster, efficiency)
+    return {name: linear_seconds(tokens, d_in, d_out, cluster)
             for name, (d_in, d_out) in layer_linears(model, tp).items()}
 
 
-def attention_efficiency(block_len: float, peak_fraction: float) -> float:
-    """Flash attention's fraction of peak on a sequence block of `block_len` tokens: it
-    rises toward `peak_fraction` as the block grows (fewer, fuller tiles per launch)."""
-    return peak_fraction * block_len / (block_len + ATTENTION_HALF_SEQ)
-
-
 def attention_seconds(model: ModelConfig, tokens: float, seq_len: int, cp: int, tp: int,
-                      cluster: Cluster, peak_fraction: float) -> float:
+                      cluster: Cluster, kernel: str = "cudnn") -> float:
     """Forward + backward of the attention core for `tokens` of this rank's queries, each
     seeing on average half of the sequence (causal): 12 h s / 2 FLOPs per token and layer,
-    over tp (heads) and run at `attention_efficiency` of the rank's block s / cp."""
+    over tp (heads), at the measured speed of `kernel` on the rank's block s / cp."""
     flops = CAUSAL_FRACTION * 12.0 * model.n_heads * model.head_dim * seq_len * tokens / tp
-    eff = attention_efficiency(seq_len / cp, peak_fraction)
-    return flops / (eff * cluster.peak_flops)
+    name = {"flash2": "flash", "cudnn": "cudnn"}[kernel]
+    tflops = attention_tflops(name, seq_len / cp) * cluster.peak_tflops / MEASURED_PEAK_TFLOPS
+    return flops / (tflops * 1e12)
 
 
 def elementwise_bytes_per_token(model: ModelConfig, tp: int, sp: bool, act_bytes: int = 2) -> float:
@@ -90,15 +93,30 @@ def elementwise_bytes_per_token(model: ModelConfig, tp: int, sp: bool, act_bytes
     return per_token * act_bytes
 
 
+def stream_seconds(nbytes: float, cluster: Cluster) -> float:
+    """A memory-bound kernel moving `nbytes` through HBM at the measured stream fraction."""
+    return nbytes / (STREAM_FRACTION * cluster.hbm_Bps)
+
+
 def elementwise_seconds(model: ModelConfig, tokens: float, tp: int, sp: bool,
-                        cluster: Cluster) -> float:
+                        cluster: Cluster, factor: float = 1.0) -> float:
     """Forward + backward (about twice the forward's traffic) of one layer's memory-bound
-    kernels, at `MEMORY_BOUND_EFFICIENCY` of HBM bandwidth."""
-    nbytes = 3 * elementwise_bytes_per_token(model, tp, sp) * tokens
-    return nbytes / (MEMORY_BOUND_EFFICIENCY * cluster.hbm_Bps)
+    kernels; `factor`: what the stack's kernels move over the bytes counted here
+    (`Efficiency.elementwise`)."""
+    return stream_seconds(factor * 3 * elementwise_bytes_per_token(model, tp, sp) * tokens, cluster)
+
+
+def cross_entropy_seconds(tokens: float, vocab_shard: float, cluster: Cluster, kind: str) -> float:
+    """The loss over a [tokens, vocab / tp] shard of logits, forward + backward: memory-bound,
+    at the measured seconds per logit of the fused or eager (fp32, op by op) loss, scaled
+    from the measuring GPU's HBM to the target's."""
+    key = {"fused": "fused_s", "eager": "eager_s"}[kind]
+    per_logit = sorted(r[key] / (r["tokens"] * r["vocab"]) for r in KERNELS["cross_entropy"])
+    rate = per_logit[len(per_logit) // 2]
+    return rate * tokens * vocab_shard * MEASURED_HBM_TBps * 1e12 / cluster.hbm_Bps
 
 
 def optimizer_seconds(params: float, cluster: Cluster) -> float:
     """Adam on `params` parameters: memory-bound, reading fp32 weight, gradient, m and v
     and writing weight, m, v and the bf16 copy: about 30 bytes per parameter."""
-    return 30.0 * params / (MEMORY_BOUND_EFFICIENCY * cluster.hbm_Bps)
+    return stream_seconds(30.0 * params, cluster)

@@ -38,7 +38,7 @@ def tp_ratio(model: ModelConfig, tp: int, cluster: Cluster, tokens: int = 8192,
     saves: the width is too small for that t, or the group left the server."""
     pc = ParallelConfig(tp=tp, sp=tp > 1, tp_overlap=overlap and tp > 1)
     work = Workload(tokens, 1)
-    mm = layer_matmul_seconds(model, tokens, tp, cluster, eff.dense)
+    mm = layer_matmul_seconds(model, tokens, tp, cluster)
     comm = tp_exposed_seconds(model, pc, cluster, work, BF16_MIXED, eff, mm)
     return comm / sum(f + b for f, b in mm.values())
 
@@ -59,7 +59,7 @@ def attention_share(model: ModelConfig, seq_len: int, cluster: Cluster, tp: int 
     """Attention's share of a block's compute at sequence length `seq_len`: past ~0.5,
     attention dominates and memory of activations grows as s; CP is the axis that splits it."""
     t_att = attention_seconds(model, seq_len, seq_len, 1, tp, cluster, eff.attention)
-    mm = layer_matmul_seconds(model, seq_len, tp, cluster, eff.dense)
+    mm = layer_matmul_seconds(model, seq_len, tp, cluster)
     return t_att / (t_att + sum(f + b for f, b in mm.values()))
 
 

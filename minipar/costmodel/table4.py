@@ -1,15 +1,15 @@
 """Llama 3's Table 4: the three published layouts of 405B, and our prediction of each.
 
 Chapter "MFU and communication volume" (and "The Llama 3 case study"). The model is judged
-here: one set of constants (`Efficiency`) for every row, and `table4_fit_counts` shows how
-many rows each alternative pair of constants would get right.
+here: the hardware's measured constants and the paper's own choices (`frameworks.LLAMA3`),
+nothing fitted to these rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import ModelConfig, ParallelConfig
-from .constants import LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency
+from .constants import TABLE4_BATCH_TOKENS
 from .exposure import fsdp_unit_mb
 from .hardware import LLAMA3_CLUSTER
 from .time import Estimate, estimate
@@ -45,23 +45,10 @@ TABLE4 = (
 )
 
 
-def table4(efficiency: Efficiency = LLAMA3_EFFICIENCY) -> list[tuple[Table4Row, Estimate]]:
-    """Our prediction for each row of Llama 3's Table 4: bf16, 16M tokens, micro-batch 1."""
+def table4(framework: str = "llama3") -> list[tuple[Table4Row, Estimate]]:
+    """Our prediction for each row of Llama 3's Table 4 under `framework` (default: the
+    paper's own stack, `frameworks.LLAMA3`): bf16, 16M tokens, micro-batch 1."""
     model = ModelConfig.preset("llama3-405b")
     return [(row, estimate(model, row.parallel(), LLAMA3_CLUSTER, row.seq_len,
                            global_batch_tokens=TABLE4_BATCH_TOKENS, microbatch_size=1,
-                           recompute="none", efficiency=efficiency)) for row in TABLE4]
-
-
-def table4_fit_counts(dense, attention, tolerance: float = 0.03,
-                      network: float = LLAMA3_EFFICIENCY.network) -> list[list[int]]:
-    """For each pair of constants (rows: `attention`, columns: `dense`), how many of the
-    three Table 4 rows are predicted within `tolerance` of the published MFU."""
-    out = []
-    for a in attention:
-        eff_row = []
-        for d in dense:
-            eff = replace(LLAMA3_EFFICIENCY, dense=float(d), attention=float(a), network=network)
-            eff_row.append(sum(abs(e.mfu - row.mfu) <= tolerance for row, e in table4(eff)))
-        out.append(eff_row)
-    return out
+                           recompute="none", framework=framework)) for row in TABLE4]

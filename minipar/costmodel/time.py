@@ -13,7 +13,7 @@ one GPU is built up as
 
 What overlaps with what is `exposure`'s; bytes and bubbles are `minipar.formulas`'; seconds
 per byte the cluster's (`hardware.axis_seconds`, latency + bytes / bandwidth per link
-level); the few efficiencies are fitted (`fit`, `Efficiency`).
+level); the kernels' speeds are measured (`constants`), nothing is fitted to an MFU.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from .. import flops
 from ..config import ConfigError, ModelConfig, ParallelConfig
 from ..formulas.pipeline_parallel import bubble_fraction
 from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_norm_bytes
-from . import kernels
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, MEMORY_BOUND_EFFICIENCY, Efficiency, Precision
+from . import frameworks, kernels
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
 from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds,
                        p2p_exposed_seconds, pipeline_drain_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
@@ -63,14 +63,19 @@ def estimate(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
              seq_len: int = 8192, global_batch_tokens: int | None = None,
              global_batch: int | None = None, microbatch_size: int = 1,
              recompute: str = "none", precision: Precision = BF16_MIXED,
-             efficiency: Efficiency = LLAMA3_EFFICIENCY) -> Estimate:
+             efficiency: Efficiency = LLAMA3_EFFICIENCY, framework: str | None = None) -> Estimate:
     """Predict one training step of `model` split as `parallel` on `cluster`.
 
     The batch is `global_batch_tokens` tokens (default: Llama 3's 16M) or `global_batch`
     sequences, of `seq_len` tokens, in micro-batches of `microbatch_size` sequences per DP
-    rank; `parallel.microbatches` is derived from those. Raises `ConfigError` (naming the flag
-    and the rule) for a layout that cannot run.
+    rank; `parallel.microbatches` is derived from those. `framework` (a name of
+    `frameworks.FRAMEWORKS`) sets what that stack does: its kernels (replacing `efficiency`),
+    reduce dtype, DP buckets or units, ZeRO stage and TP overlap. Raises `ConfigError`
+    (naming the flag and the rule) for a layout that cannot run.
     """
+    if framework is not None:
+        parallel, precision, efficiency = frameworks.apply(frameworks.framework(framework), model,
+                                                           parallel, precision)
     work = make_workload(seq_len, global_batch_tokens, global_batch, microbatch_size, recompute)
     if parallel.dp >= 1 and work.microbatch_size >= 1 and work.global_batch % (parallel.dp * work.microbatch_size) == 0:
         parallel = parallel.replace(microbatches=work.microbatches(parallel))
@@ -87,11 +92,12 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
     sets the pace (`pace_stage`), the per-linear times ("linears": {name: (forward,
     backward)} of one block) that TP overlap hides behind, and that rank's "layers"."""
     tokens = work.tokens_per_microbatch(pc)
-    linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster, eff.dense)
-    head = sum(kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster, eff.dense))
+    linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster)
+    head = (sum(kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster))
+            + kernels.cross_entropy_seconds(tokens, model.vocab_size / pc.tp, cluster, eff.cross_entropy))
     attention = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp,
                                           cluster, eff.attention)
-    elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster)
+    elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
     per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
     layers, head_share = pace_stage(model, pc, work, per_layer, head)
     matmul = layers * sum(f + b for f, b in linears.values()) + head * head_share
@@ -105,7 +111,7 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
     # into the fp32 buffer (read 2 + 4 bytes, write 4), a memory-bound pass per micro-batch.
     if work.microbatches(pc) > 1:
         params = layers * kernels.layer_params(model, pc.tp)
-        elementwise += params * 10.0 / (MEMORY_BOUND_EFFICIENCY * cluster.hbm_Bps)
+        elementwise += kernels.stream_seconds(params * 10.0, cluster)
     out = {"matmul": matmul, "attention": attention, "elementwise": elementwise}
     out["overhead"] = eff.overhead * sum(out.values())
     return {**out, "linears": linears, "layers": layers}

@@ -36,5 +36,5 @@ def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workl
     pp = pp_bytes(work.tokens_per_microbatch(pc), model.dim, pc.pp, m, act, stage,
                   pc.virtual_stages, pc.tp if pc.sp else 1)
     params = local_param_count(model, pc.tp, layers, first, last)
-    dp = dp_bytes(params, pc.dp * pc.cp, pc.zero, m, precision.grad_bytes, precision.param_bytes)
+    dp = dp_bytes(params, pc.dp * pc.cp, pc.zero, m, precision.reduce_bytes, precision.param_bytes)
     return {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
