@@ -1,6 +1,7 @@
 """Write shapes.json: every GEMM and transformer-block shape of the published runs (and the
 Playbook heatmap's cells), for measure.py to time on a GPU. Run from the repository root."""
 import json
+import sys
 from minipar.costmodel.calibration import published_runs, heatmap_cells
 from minipar.costmodel import kernels
 runs = published_runs() + [r for r, _ in heatmap_cells()]
@@ -16,5 +17,7 @@ for r in runs:
     for din, dout in lin.values():
         din, dout = int(din), int(dout)
         gemms |= {(T, dout, din), (T, din, dout), (din, dout, T)}
-print(len(layers), len(gemms))
-json.dump({"layers": list(layers.values()), "gemms": sorted(gemms)}, open("benchmarks/kernels/shapes.json", "w"), indent=0)
+print(f"{len(layers)} block shapes, {len(gemms)} GEMM shapes")
+out = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/kernels/shapes.json"
+with open(out, "w") as f:
+    json.dump({"layers": list(layers.values()), "gemms": sorted(gemms)}, f, indent=0)
