@@ -178,21 +178,22 @@ def test_activation_memory_by_recompute():
 
 
 # ------------------------------------------------------------------ Llama 3's Table 4
-def test_table4_within_three_points():
-    """Table 4 as the calibration sees it: within 3 points, but the rows `UNEXPLAINED` names."""
+def test_table4_is_over_predicted_by_the_physics():
+    """Table 4 from measured kernels and the paper's own stack: the physics is faster than
+    Meta's runs on every row (the residual is the finding, `UNEXPLAINED`), never slower."""
     for row, est in cm.table4():
         label = (f"llama3-405b {row.gpus} GPUs TP{row.tp} CP{row.cp} PP{row.pp} DP{row.dp} "
                  f"seq {row.seq_len}")
-        points = UNEXPLAINED.get(label, 3.0)
-        assert abs(est.mfu - row.mfu) <= points / 100, (row, est.mfu)
-        assert abs(est.tflops_per_gpu - row.tflops_per_gpu) <= 10 * points
+        assert 0 < est.mfu - row.mfu <= UNEXPLAINED[label] / 100, (row, est.mfu)
 
 
-def test_table4_uses_one_set_of_constants():
-    # the function has no per-row knob: every row goes through the same Efficiency
-    rows = cm.table4(cm.LLAMA3_EFFICIENCY)
+def test_table4_runs_the_papers_stack():
+    # every row goes through frameworks.LLAMA3: FSDP units of one layer, fp32 reduce-scatter
+    rows = cm.table4()
+    unit = cm.frameworks.fsdp_unit_mb(L405, 8)
     assert [r.mfu for r, _ in rows] == [0.43, 0.41, 0.38]
     assert all(e.parallel.virtual_stages == 8 and e.workload.microbatch_size == 1 for _, e in rows)
+    assert all(e.parallel.bucket_mb == unit and e.parallel.zero == 1 for _, e in rows)
 
 
 def test_doubling_dp_at_fixed_global_batch_lowers_mfu():
@@ -280,8 +281,27 @@ def test_cli_json(capsys):
     code, out, _ = run_cli(capsys, "--json", "--gpus", "16384", "--cp", "16", "--dp", "8",
                            "--seq-len", "131072", "--global-batch-tokens", str(2**24))
     d = json.loads(out)
-    assert code == 0 and abs(d["mfu"] - 0.38) <= 0.03
+    assert code == 0 and 0.3 < d["mfu"] < 0.7
     assert d["comm_bytes_per_gpu"]["cp"] > 0
+    assert "chose --framework llama3 (the preset's own stack)" in d["defaults_chosen"]
+
+
+def test_cli_constants_lists_every_constant_with_a_source(capsys):
+    code, out, _ = run_cli(capsys, "constants", "--json")
+    rows = json.loads(out)
+    assert code == 0 and {r["name"] for r in rows} == set(cm.CONSTANTS)
+    assert all(r["source"] and r["unit"] and isinstance(r["value"], (int, float)) for r in rows)
+    assert not any("fitted to" in r["source"] and "MFU" in r["source"] for r in rows)
+
+
+@pytest.mark.parametrize("name", ["llama3", "megatron", "nanotron", "deepspeed"])
+def test_cli_framework_changes_the_stack(capsys, name):
+    code, out, _ = run_cli(capsys, "--json", "--framework", name)
+    d = json.loads(out)
+    fw = cm.FRAMEWORKS[name]
+    assert code == 0 and 0 < d["mfu"] < 1
+    assert d["parallel"]["zero"] == (fw.zero if fw.zero is not None else 1)
+    assert all(fw.sources[k] for k in ("reduce_bytes", "bucket", "zero", "tp_overlap", "kernels"))
 
 
 def test_cli_own_model_and_hardware(capsys):
@@ -412,7 +432,7 @@ def test_cost_model_figures_draw():
     rows = cm.table4()
     estimates = {f"row {i}": e for i, (_, e) in enumerate(rows)}
     figures = [viz.table4_figure(rows), viz.comm_volume_figure(estimates), viz.memory_figure(estimates),
-               viz.network_figure(), viz.constants_figure([0.5, 0.52], [0.2, 0.22]),
+               viz.network_figure(),
                viz.measured_vs_predicted_figure({"tp": {"all_reduce": {"wire_bytes": 10}}}, {"tp": 10}),
                widgets.static_whatif(), widgets.whatif_figure(tp=3)]
     assert all(isinstance(f, matplotlib.figure.Figure) for f in figures)
@@ -420,13 +440,6 @@ def test_cost_model_figures_draw():
     texts = [t.get_text() for ax in figures[-1].axes for t in ax.texts]
     assert any("--tp 3 does not divide n_heads" in t for t in texts)
     plt.close("all")
-
-
-def test_table4_fit_counts_mark_the_book_constants():
-    e = cm.LLAMA3_EFFICIENCY
-    inside = 3 - sum(label.startswith("llama3-405b") for label in UNEXPLAINED)
-    assert cm.table4_fit_counts([e.dense], [e.attention], network=e.network) == [[inside]]
-    assert cm.table4_fit_counts([0.95], [0.9]) == [[0]]     # far off: no row fits
 
 
 def test_whatif_explorer_builds_and_redraws():
@@ -510,27 +523,40 @@ def test_gpu_presets_and_overrides():
     assert fast.step_time_s < slow.step_time_s
 
 
-def test_thin_gemms_run_below_peak():
+def test_gemms_are_measured_or_follow_the_measured_curve():
+    from minipar.costmodel.constants import KERNELS, attention_tflops
+    from minipar.costmodel.kernels import GEMM_TABLE
     c = cm.gpu_cluster("h100")
 
     def efficiency(m, n, k):
-        return 2 * m * n * k / (cm.matmul_seconds(m, n, k, c, 1.0) * c.peak_flops)
+        return 2 * m * n * k / (cm.matmul_seconds(m, n, k, c) * c.peak_flops)
+    g = KERNELS["gemms"][0]
+    assert cm.matmul_seconds(g["m"], g["n"], g["k"], c) == pytest.approx(g["s"], rel=1e-3)   # measured
+    assert (256, 8192, 8192) not in GEMM_TABLE                                      # the curve
     wide, thin = efficiency(8192, 8192, 8192), efficiency(256, 8192, 8192)
-    assert 0.85 < wide < 1 and thin < 0.6
-    # by the roofline: intensity / (intensity + ridge) with ridge = peak / bandwidth
-    ridge = c.peak_flops / c.hbm_Bps
-    intensity = 2 * 256 * 8192 * 8192 / (2 * (256 * 8192 * 2 + 8192 * 8192))
-    assert thin == pytest.approx(intensity / (intensity + ridge))
-    assert cm.attention_efficiency(512, 0.4) < cm.attention_efficiency(8192, 0.4) < 0.4
+    assert 0.6 < wide < 0.85 and thin < wide
+    # an A100 runs the same GEMM slower by its peak
+    assert cm.matmul_seconds(g["m"], g["n"], g["k"], cm.gpu_cluster("a100")) > g["s"]
+    # attention: faster on longer blocks, cuDNN's faster than FlashAttention-2's on Hopper
+    assert attention_tflops("flash", 512) < attention_tflops("flash", 8192) < 989.4
+    assert attention_tflops("flash", 4096) < attention_tflops("cudnn", 4096)
 
 
-def test_collectives_pay_latency_per_step_and_trees_across_servers():
-    from minipar.costmodel.hardware import axis_seconds, collective_steps
+def test_collectives_pay_nccls_latency_model():
+    from minipar.costmodel.constants import NCCL_LATENCY_US as lat
+    from minipar.costmodel.hardware import axis_seconds, collective_latency_s, collective_steps
+    c = cm.LLAMA3_CLUSTER
     assert collective_steps("all_reduce", 8, inter_node=False) == 14            # ring: 2(n-1)
-    assert collective_steps("all_reduce", 128, inter_node=True) == 14           # tree: 2 log2 n
+    # inside a server: base + 2(n-1) NVLink steps
+    assert collective_latency_s("all_reduce", 8, 1, c) == pytest.approx(1e-6 * (lat["base"] + 14 * 3.4))
+    # a ring over 64 servers: only the nodes - 1 crossings pay the network's step
+    assert collective_latency_s("all_gather", 64, 64, c) == pytest.approx(1e-6 * (lat["base"] + 63 * 14.0))
+    assert collective_latency_s("all_gather", 16, 2, c) == pytest.approx(1e-6 * (lat["base"] + 14 * 3.4 + 14.0))
+    # an all-reduce across many servers is a tree: 2 log2(nodes) network steps
+    assert collective_latency_s("all_reduce", 128, 128, c) == pytest.approx(1e-6 * (lat["base"] + 2 * 7 * 14.0))
     pc = ParallelConfig(tp=8, pp=16, dp=64)
-    one = axis_seconds(1e6, "tp", pc, cm.LLAMA3_CLUSTER, 1.0, "all_reduce", 1)
-    assert one == pytest.approx(1e6 / 450e9 + 14 * cm.LLAMA3_CLUSTER.nvlink_latency_us * 1e-6)
+    one = axis_seconds(1e6, "tp", pc, c, 1.0, "all_reduce", 1)
+    assert one == pytest.approx(1e6 / 450e9 + collective_latency_s("all_reduce", 8, 1, c))
 
 
 def test_tp_overlap_hides_tp_time_and_never_costs():
@@ -542,44 +568,47 @@ def test_tp_overlap_hides_tp_time_and_never_costs():
     assert over.comm_bytes_per_gpu == plain.comm_bytes_per_gpu      # same bytes, hidden
 
 
-# Rows the physics does not bring within 3 points, each with what is (or is not) known.
-# The chapter lists them; a change that moves any other row out of +-3 fails here.
+# Rows the physics misses by more than 5 points, each bound a little above today's error:
+# the residuals are findings (the note of issue 26 says what each would take), and a change
+# that moves a row further out, or any other row past 5, fails here.
 UNEXPLAINED = {
-    "llama3-405b 16384 GPUs TP8 CP1 PP16 DP128 seq 8192": 4.0,   # 0.1 point past the knee
+    "llama3-405b 8192 GPUs TP8 CP1 PP16 DP64 seq 8192": 11.0,
+    "llama3-405b 16384 GPUs TP8 CP1 PP16 DP128 seq 8192": 10.0,
+    "llama3-405b 16384 GPUs TP8 CP16 PP16 DP8 seq 131072": 23.0,   # attention at 131K over CP16
     "1.34B 512 GPUs TP2 CP1 PP2 DP128 seq 4096": 7.0,   # 0.44 s published steps, 0.19 s modelled
-    "1.34B 64 GPUs TP1 CP1 PP2 DP32 seq 4096": 4.0,
-    "80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096": 25.0,       # 2.4x slower: "near the memory limits"
-    "80B 64 GPUs TP4 CP1 PP16 DP1 seq 4096": 6.0,
+    "8.86B 512 GPUs TP4 CP1 PP1 DP128 seq 4096": 15.0,
+    "80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096": 27.0,       # 2.4x slower: "near the memory limits"
+    "80B 64 GPUs TP4 CP1 PP16 DP1 seq 4096": 10.0,
+    "80B 512 GPUs TP16 CP1 PP1 DP32 seq 4096": 13.0,
 }
 
 
-def test_calibration_residuals():
-    from minipar.costmodel.fit import residuals
+def test_evaluation_reports_every_row_and_its_targets():
+    from minipar.costmodel.evaluate import evaluation, memory_bound, residuals
     runs = cm.published_runs()
-    res = residuals(runs, cm.LLAMA3_EFFICIENCY)
-    assert len(runs) == 15
+    res = residuals(runs)
+    assert len(runs) == 15 and [r.framework for r in runs] == ["llama3"] * 3 + ["nanotron"] * 12
+    assert [r.label for r in runs if memory_bound(r)] == ["80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096"]
     for run, r in zip(runs, res):
         assert not cm.layout_problems(run.model, run.parallel, run.work), run.label   # no refusal
-        assert abs(r) <= UNEXPLAINED.get(run.label, 3.0), (run.label, r)
-    assert sum(abs(r) <= 3 for r in res) >= len(runs) - len(UNEXPLAINED)
-    assert sum(map(abs, res)) / len(res) <= 3.5
+        assert abs(r) <= UNEXPLAINED.get(run.label, 5.0), (run.label, r)
+    ev = evaluation()
+    s = ev["summary"]
+    assert s["mean_abs_error"] == pytest.approx(sum(map(abs, res)) / len(res))
+    assert s["targets_hold"] == (s["mean_abs_error"] <= 4 and s["worst_abs_error_not_memory_bound"] <= 8)
+    assert [row["error_points"] for row in ev["rows"]] == res
 
 
-def test_fit_reproduces_the_committed_constants():
-    from minipar.costmodel.constants import FITTED, load_efficiency
-    from minipar.costmodel.fit import loss, nelder_mead
-    runs = cm.published_runs()
-    committed = load_efficiency()
-    x0 = [getattr(committed, k) for k in FITTED]
-    # the committed constants are the fit's minimum: a short search from there finds nothing
-    # better, and the file is what the package loads
-    best = nelder_mead(lambda x: loss(x, runs), x0, step=0.02, iters=12)
-    assert loss(best, runs) >= loss(x0, runs) - 0.05
-    assert committed == cm.LLAMA3_EFFICIENCY
-    data = json.loads(cm.CONSTANTS_FILE.read_text()) if hasattr(cm, "CONSTANTS_FILE") else None
-    from minipar.costmodel.constants import CONSTANTS_FILE
-    data = json.loads(CONSTANTS_FILE.read_text())
-    assert data["fitted_on"] == "published_runs.csv" and len(data["constants"]) <= 5
+def test_nothing_is_fitted_to_an_mfu():
+    """No module of the cost model reads the published runs but the ones that evaluate on
+    them; the constants come from the kernel measurements."""
+    import importlib.util
+    from pathlib import Path
+    assert importlib.util.find_spec("minipar.costmodel.fit") is None
+    pkg = Path(cm.__file__).parent
+    readers = {p.name for p in pkg.glob("*.py") if "published_runs" in p.read_text()}
+    assert readers <= {"calibration.py", "evaluate.py", "__init__.py", "constants.py"}
+    assert "published_runs" not in (pkg / "constants.py").read_text().split('"""')[2]
 
 
 # Held-out cells the model is furthest from: small models with TP and 64 DP replicas, one
@@ -610,8 +639,7 @@ def test_held_out_cells_are_not_fitted_on_and_are_predicted():
     file, and the model, never having seen them, lands within 8 points of each (the issue's
     goal for runs held back) but the named ones; the committed file says the same."""
     from minipar.costmodel.calibration import heatmap_cells, held_out_runs
-    from minipar.costmodel.constants import CONSTANTS_FILE
-    from minipar.costmodel.fit import order_kept, residuals
+    from minipar.costmodel.evaluate import order_kept, residuals
     cells = heatmap_cells()
     calibration = {r.label for r in cm.published_runs() if r.source.startswith("ultrascale")}
     held = held_out_runs()
@@ -620,12 +648,10 @@ def test_held_out_cells_are_not_fitted_on_and_are_predicted():
     assert not calibration & {r.label for r in held}
     published = {r.label: r.mfu for r in cm.published_runs()}
     assert all(run.mfu == published[run.label] for run, _ in cells if run.label in published)
-    res = residuals(held, cm.LLAMA3_EFFICIENCY)
+    res = residuals(held)
     for run, r in zip(held, res):
         assert abs(r) <= HELD_OUT_UNEXPLAINED.get(run.label, 8.0), (run.label, r)
     assert sum(map(abs, res)) / len(res) <= 5.0
-    committed = json.loads(CONSTANTS_FILE.read_text())["held_out"]
-    assert committed == {run.label: round(r, 2) for run, r in zip(held, res)}
     assert order_kept(held, res) >= 0.75
 
 
@@ -634,10 +660,10 @@ def test_layouts_of_one_model_on_one_cluster_are_ranked_better_than_chance():
     the planner's job. Better than a coin (half the pairs) by a margin, and the first pick
     is the published best somewhere; how often it is not is the chapter's to say."""
     from minipar.costmodel.calibration import playbook_runs
-    from minipar.costmodel.fit import layout_order
+    from minipar.costmodel.evaluate import layout_order
     runs = playbook_runs()
     assert len(runs) > 900 and all(r.mfu >= 0.05 for r in runs)
-    order = layout_order(runs, cm.LLAMA3_EFFICIENCY)
+    order = layout_order(runs)
     assert order["groups"] >= 20 and order["pairs_in_order"] > 0.65
     assert order["first_pick_best"] >= 1 and order["first_pick_below_half"] < order["groups"] / 4
 
@@ -646,15 +672,15 @@ def test_a_stage_of_the_head_alone_is_priced():
     """nanotron's split of the 3.57B over 16 stages leaves a stage only the head; the
     estimate prices it (it used to divide by its zero layers)."""
     from minipar.costmodel.calibration import playbook_runs
-    from minipar.costmodel.fit import predict
+    from minipar.costmodel.evaluate import predict
     from minipar.costmodel.workload import nanotron_split
     assert (0, 1) in nanotron_split(cm.PLAYBOOK_MODELS["3.57B"], 16)
     runs = [r for r in playbook_runs() if r.model.name == "3.57B" and r.parallel.pp == 16]
-    assert runs and all(0 < predict(r, cm.LLAMA3_EFFICIENCY) < 1 for r in runs)
+    assert runs and all(0 < predict(r) < 1 for r in runs)
 
 
 def test_pairs_in_order():
-    from minipar.costmodel.fit import pairs_in_order
+    from minipar.costmodel.evaluate import pairs_in_order
     assert pairs_in_order([1, 2, 3], [10, 20, 30]) == 1.0
     assert pairs_in_order([1, 2, 3], [30, 20, 10]) == 0.0
     assert pairs_in_order([1, 2, 3], [10, 30, 20]) == 2 / 3

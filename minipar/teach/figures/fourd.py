@@ -7,7 +7,6 @@ from the numbers of `minipar.costmodel.rules` and the planner: nothing recompute
 """
 from __future__ import annotations
 
-import json
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
@@ -15,7 +14,7 @@ from matplotlib.ticker import NullLocator
 
 from ...costmodel import LLAMA3_CLUSTER, rules
 from ...costmodel.calibration import held_out_runs, published_runs
-from ...costmodel.constants import CONSTANTS_FILE
+from ...costmodel.evaluate import predict
 from ...formulas.pipeline_parallel import bubble_fraction
 from ...grid import AXES, ProcessGrid
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
@@ -230,7 +229,7 @@ def bubble_rule(ms=(4, 8, 16, 32, 64, 128), layouts=((4, 1), (16, 1), (16, 8))):
         for p, v in layouts})
 
 
-# ------------------------------------------------------------ the fit, and what it never saw
+# ------------------------------------------------------------ the physics against published runs
 def plot_fit(published: list[float], predicted: list[float], held_published: list[float],
              held_predicted: list[float], band: float = 3.0):
     """Predicted against published MFU (%): the calibration rows the constants were fitted
@@ -240,9 +239,9 @@ def plot_fit(published: list[float], predicted: list[float], held_published: lis
     ax.fill_between([0, top], [-band, top - band], [band, top + band], color="0.9",
                     label=f"within {band:g} points")
     ax.plot([0, top], [0, top], color="0.5", lw=0.8)
-    ax.scatter(published, predicted, color=COLORS["dp"], label="calibration (fitted on)", zorder=3)
+    ax.scatter(published, predicted, color=COLORS["dp"], label="evaluation rows", zorder=3)
     ax.scatter(held_published, held_predicted, facecolors="none", edgecolors=COLORS["tp"],
-               label="held out (never fitted on)", zorder=3)
+               label="the heatmap's other cells", zorder=3)
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="published MFU (%)", ylabel="predicted MFU (%)",
            title="the cost model against published runs", aspect="equal")
     ax.legend(fontsize=8, loc="upper left")
@@ -251,10 +250,8 @@ def plot_fit(published: list[float], predicted: list[float], held_published: lis
 
 
 def fit_rule():
-    """`plot_fit` from what `python -m minipar.costmodel.fit --write` recorded: each row's
-    residual, and each held-out cell's error, over the published MFU."""
-    data = json.loads(CONSTANTS_FILE.read_text())
-    pub = [100 * r.mfu for r in published_runs()]
-    held = [100 * r.mfu for r in held_out_runs()]
-    return plot_fit(pub, [p + d for p, d in zip(pub, data["residuals"].values())],
-                    held, [p + d for p, d in zip(held, data["held_out"].values())])
+    """`plot_fit` of `python -m minipar.costmodel.evaluate`: each row's and each other
+    heatmap cell's prediction over the published MFU."""
+    runs, held = published_runs(), held_out_runs()
+    return plot_fit([100 * r.mfu for r in runs], [100 * predict(r) for r in runs],
+                    [100 * r.mfu for r in held], [100 * predict(r) for r in held])

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from ...costmodel import (LLAMA3_CLUSTER, LLAMA3_EFFICIENCY, TABLE4, table4, table4_fit_counts,
+from ...costmodel import (LLAMA3_CLUSTER, TABLE4, table4,
                           wire_seconds)
 from ...config import ModelConfig
 from ...flops import attention_flops_per_token, dense_flops_per_token
@@ -125,27 +125,6 @@ def network_figure(parallel=None, cluster=None):
     ax.set_xlabel("GPUs spanned by one group (log scale)")
     ax.set_title(f"where each axis sits: TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp} on {pc.world_size:,} GPUs",
                  fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def constants_figure(dense=None, attention=None, tolerance: float = 0.03, counts=None):
-    """Which (dense, attention) efficiency constants put all three Table 4 rows within
-    +-`tolerance` of the published MFU: the shaded region, with the book's choice marked.
-    `counts`: `costmodel.table4_fit_counts(dense, attention, tolerance)` if already known."""
-    dense = dense if dense is not None else np.linspace(0.40, 0.70, 31)
-    attention = attention if attention is not None else np.linspace(0.10, 0.50, 41)
-    ok = np.array(counts if counts is not None else table4_fit_counts(dense, attention, tolerance))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    mesh = ax.pcolormesh(dense, attention, ok, shading="nearest", cmap="Blues", vmin=0, vmax=3)
-    cbar = fig.colorbar(mesh, ax=ax, ticks=[0, 1, 2, 3])
-    cbar.set_label(f"rows within +-{100 * tolerance:.0f} points")
-    best = LLAMA3_EFFICIENCY
-    ax.plot(best.dense, best.attention, "r*", ms=12, label="the book's constants")
-    ax.set_xlabel("dense efficiency (fraction of peak)")
-    ax.set_ylabel("attention efficiency (fraction of peak)")
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title("how tightly Table 4 pins the two compute constants", fontsize=10)
     fig.tight_layout()
     return fig
 

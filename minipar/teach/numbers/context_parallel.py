@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...config import ModelConfig
-from ...costmodel.constants import BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY
+from ...costmodel.constants import BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY, attention_tflops
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
 from ...formulas.memory import activation_elements
@@ -79,13 +79,19 @@ def inter_node_Bps() -> float:
     return LLAMA3_CLUSTER.inter_node_GBps * 1e9 * LLAMA3_EFFICIENCY.network_inter
 
 
+def attention_Fps(seq: int, cp: int) -> float:
+    """FLOP/s of the attention kernel Llama 3's stack is assumed to run (cuDNN's, measured)
+    on a rank's block of s / cp tokens."""
+    return attention_tflops("cudnn", seq / cp) * 1e12 * LLAMA3_CLUSTER.peak_tflops / 989.4
+
+
 def allgather_vs_attention(model: ModelConfig, seq: int, cp: int, tp: int) -> tuple[float, float, float]:
     """(bytes, seconds) of one layer's forward all-gather of K/V per rank, and the seconds of
     the causal attention it feeds at the cost model's attention efficiency."""
     gather = layer_bytes_per_rank(model, seq, cp, tp, "allgather") / 2   # the forward half
     flops = attention_forward_flops(model, seq, cp, tp)
     return (gather, gather / inter_node_Bps(),
-            flops / (LLAMA3_EFFICIENCY.attention * LLAMA3_CLUSTER.peak_flops))
+            flops / attention_Fps(seq, cp))
 
 
 def _why_allgather(m: ModelConfig, row) -> dict[str, Number]:
@@ -101,16 +107,15 @@ def _why_allgather(m: ModelConfig, row) -> dict[str, Number]:
         "kv_values": derived(kv, source="2 x kv_heads x head_dim"),
         "q_over_kv": derived(q // kv, "{}"), "mha_over_kv": derived(2 * q // kv, "{}"),
         "gather_mb": derived(gather / 1e6, "{:.0f} MB", source="the forward all-gather, one layer"),
-        "link_GBps": derived(link / 1e9, "{:.0f} GB/s", source="400 Gb/s x the cost model's "
-                             "inter-node efficiency (an assumption)"),
+        "link_GBps": derived(link / 1e9, "{:.0f} GB/s", source="400 Gb/s x the bus bandwidth "
+                             "nccl-tests report across nodes"),
         "network_eff": Number(LLAMA3_EFFICIENCY.network_inter, "{:.0%}",
-                              source="costmodel.constants: inter-node efficiency"),
+                              source="costmodel.constants: nccl-tests bus bandwidth, 400 Gb/s NDR"),
         "gather_ms": derived(gather / link * 1e3, "{:.1f} ms"),
         "attention_tflop": derived(flops / 1e12, "{:.1f} TFLOP", source="4 (s/cp) s d heads/2"),
-        "attention_eff": Number(LLAMA3_EFFICIENCY.attention, "{:.0%}",
-                                source="costmodel.constants: fitted to Table 4"),
-        "attention_ms": derived(flops / (LLAMA3_EFFICIENCY.attention * LLAMA3_CLUSTER.peak_flops)
-                                * 1e3, "{:.0f} ms"),
+        "attention_eff": Number(attention_Fps(s, cp) / LLAMA3_CLUSTER.peak_flops, "{:.0%}",
+                                source="costmodel.constants: cuDNN attention, measured (benchmarks/kernels)"),
+        "attention_ms": derived(flops / attention_Fps(s, cp) * 1e3, "{:.0f} ms"),
         "gather_mha_ms": derived(gather_mha / link * 1e3, "{:.0f} ms",
                                  source="the same with 128 KV heads"),
     }

@@ -1,33 +1,31 @@
 """The numbers the fourd chapter states (book/fourd.md), computed once.
 
-The fit's residuals come from `costmodel/data/constants.json`, which `python -m
-minipar.costmodel.fit --write` writes together with the constants (the leave-one-out
-residuals take a minute to compute, so the book reads what the script wrote; the tests
-check that the file's constants are the fit's). The rules' numbers are
+The evaluation's errors are `python -m minipar.costmodel.evaluate`'s (nothing is fitted:
+the constants are the hardware's, `costmodel.constants`). The rules' numbers are
 `costmodel.rules`' and the worked examples the planner's. Table 4's rows as the cost model
 predicts them are `numbers.mfu`'s, the paper's facts `numbers.llama3`'s.
 """
 from __future__ import annotations
 
-import json
 from functools import cache
 
 from ... import costmodel as cm
 from ...config import ModelConfig
 from ...costmodel import rules
-from ...costmodel.constants import BF16_MIXED, CONSTANTS_FILE
+from ...costmodel.constants import BF16_MIXED
 from ...costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement, heatmap_cells,
                                       held_out_runs, playbook_flops_ratio, playbook_mfu_ratios,
                                       playbook_runs)
-from ...costmodel.fit import KNEE, estimate_run, layout_order, order_kept, residuals
+from ...costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, estimate_run, layout_order,
+                                   order_kept, residuals, summary as evaluate_summary)
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
 from ...flops import param_count
 from .core import Number, assumed, derived
 
-_FIT = "python -m minipar.costmodel.fit --write (costmodel/data/constants.json)"
+_EVAL = "python -m minipar.costmodel.evaluate"
 _RULES = "costmodel.rules on Llama 3's cluster"
-_HELD = "fit.residuals of calibration.held_out_runs() with the fitted constants"
+_HELD = "evaluate.residuals of calibration.held_out_runs()"
 _PLAN = "costmodel.planner.plan"
 L405 = "llama3-405b"
 # The notebook's planning exercise (`exercises.fourd.check_plan` takes these as its defaults):
@@ -42,23 +40,23 @@ def numbers() -> dict[str, Number]:
 
 
 def _fit() -> dict[str, Number]:
-    """Every calibration row's residual and leave-one-out residual, row by row (1-15)."""
-    data = json.loads(CONSTANTS_FILE.read_text())
-    res, loo = list(data["residuals"].values()), list(data["leave_one_out"].values())
-    out = {"n_runs": Number(len(res), source=_FIT),
-           "knee": Number(KNEE, "{:g}", source="the calibration target (issue 13), Huber's knee"),
-           "n_constants": Number(len(data["constants"]), source=_FIT),
-           "e_network_inter": Number(data["constants"]["network_inter"], "{:.2f}", source=_FIT),
-           "within3": Number(sum(abs(r) <= 3 for r in res), source=_FIT),
-           "mean_res": Number(sum(map(abs, res)) / len(res), "{:.1f}", source=_FIT),
-           "worst_res": Number(max(map(abs, res)), "{:.1f}", source=_FIT),
-           "loo_mean": Number(sum(map(abs, loo)) / len(loo), "{:.1f}", source=_FIT),
-           "loo_worst": Number(max(map(abs, loo)), "{:.1f}", source=_FIT),
-           "loo_second": Number(sorted(map(abs, loo))[-2], "{:.1f}", source=_FIT)}
-    out.update(_flop_count())
+    """Every evaluation row's error, row by row (1-15): `python -m minipar.costmodel.evaluate`."""
     runs = cm.published_runs()
+    res = residuals(runs)
+    summary = evaluate_summary(runs, res)
+    out = {"n_runs": Number(len(res), source=_EVAL),
+           "mean_target": Number(MEAN_TARGET, "{:g}", source="issue 26's target"),
+           "worst_target": Number(WORST_TARGET, "{:g}", source="issue 26's target"),
+           "n_constants": Number(len(cm.CONSTANTS), source="python -m minipar.costmodel constants"),
+           "e_network_inter": Number(cm.LLAMA3_EFFICIENCY.network_inter, "{:.2f}",
+                                     source="costmodel.constants: nccl-tests bus bandwidth"),
+           "within5": Number(sum(abs(r) <= 5 for r in res), source=_EVAL),
+           "mean_res": Number(summary["mean_abs_error"], "{:.1f}", source=_EVAL),
+           "worst_res": Number(summary["worst_abs_error"], "{:.1f}", source=_EVAL),
+           "worst_res_kept": Number(summary["worst_abs_error_not_memory_bound"], "{:.1f}", source=_EVAL)}
+    out.update(_flop_count())
     out.update(_step_gap(runs[3]))
-    for i, (run, r, held) in enumerate(zip(runs, res, loo), 1):
+    for i, (run, r) in enumerate(zip(runs, res), 1):
         pc = run.parallel
         layout = " ".join(f"{a.upper()}{getattr(pc, a)}" for a in ("tp", "cp", "pp", "dp")
                           if getattr(pc, a) > 1)
@@ -72,8 +70,7 @@ def _fit() -> dict[str, Number]:
         out[f"pub_{i}"] = Number(100 * run.printed_mfu, "{:.1f}", source="published_runs.csv")
         out[f"ours_{i}"] = Number(100 * run.mfu, "{:.1f}",
                                   source="published_runs.csv / calibration.playbook_flops_ratio")
-        out[f"res_{i}"] = Number(r, "{:+.1f}", source=_FIT)
-        out[f"loo_{i}"] = Number(held, "{:+.1f}", source=_FIT)
+        out[f"res_{i}"] = Number(r, "{:+.1f}", source=_EVAL)
     return out
 
 
@@ -93,8 +90,8 @@ def _flop_count() -> dict[str, Number]:
 
 def _layout_order() -> dict[str, Number]:
     """The Playbook figure's layouts, ranked per model and cluster size by the model."""
-    order = layout_order(playbook_runs(), cm.LLAMA3_EFFICIENCY)
-    src = "fit.layout_order over calibration.playbook_runs()"
+    order = layout_order(playbook_runs())
+    src = "evaluate.layout_order over calibration.playbook_runs()"
     return {"lo_runs": Number(order["runs"], source=src),
             "lo_groups": Number(order["groups"], source=src),
             "lo_pairs": Number(order["pairs_in_order"], "{:.0%}", source=src),
@@ -104,7 +101,7 @@ def _layout_order() -> dict[str, Number]:
 
 def _step_gap(run) -> dict[str, Number]:
     """The published step of a run (its MFU read back into seconds) against the model's."""
-    e = estimate_run(run, cm.LLAMA3_EFFICIENCY)
+    e = estimate_run(run)
     published = e.step_time_s * e.mfu / run.mfu
     return {"gap_4_pub_s": Number(published, "{:.2f} s", source="published MFU, as a step time"),
             "gap_4_model_s": Number(e.step_time_s, "{:.2f} s", source="costmodel estimate")}
@@ -114,7 +111,7 @@ def _held_out() -> dict[str, Number]:
     """The heatmap's cells the fit never reads: how far off, and in what order; the two
     worst; and the memory the 80B on 32 GPUs printed beside a cell that ran well."""
     held = held_out_runs()
-    err = residuals(held, cm.LLAMA3_EFFICIENCY)      # 14 estimates: as the notebook prints them
+    err = residuals(held)      # 14 estimates: as the notebook prints them
     order = order_kept(held, err)
     worst = sorted(range(len(held)), key=lambda i: -abs(err[i]))[:2]
     src = "playbook_heatmap.csv (nanotron's docs/benchmark_summary.svg)"
@@ -123,7 +120,7 @@ def _held_out() -> dict[str, Number]:
            "n_cells": Number(len(cells), source=src),
            "held_mean": Number(sum(map(abs, err)) / len(err), "{:.1f}", source=_HELD),
            "held_worst": Number(max(map(abs, err)), "{:.1f}", source=_HELD),
-           "held_order": Number(order, "{:.0%}", source=_HELD + ", fit.order_kept")}
+           "held_order": Number(order, "{:.0%}", source=_HELD + ", evaluate.order_kept")}
     for k, i in enumerate(worst, 1):
         pc = held[i].parallel
         out[f"held_bad_{k}"] = Number(f"{held[i].model.name} on {pc.world_size} GPUs, "

@@ -7,7 +7,6 @@ The published side of the table is `numbers.llama3`'s (`row<i>_mfu`, `row<i>_tfl
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cache
 
 from ... import costmodel as cm
@@ -23,8 +22,8 @@ WITHIN = 0.03                    # "within 3 points" of the published MFU
 
 
 @cache
-def _table4(efficiency=None):
-    return cm.table4(efficiency or cm.LLAMA3_EFFICIENCY)
+def _table4(framework: str = "llama3"):
+    return cm.table4(framework)
 
 
 def _row(i: int, row, e) -> dict[str, Number]:
@@ -123,54 +122,18 @@ def _tiny_bytes() -> dict[str, Number]:
 
 
 def _constants() -> dict[str, Number]:
-    """The fitted efficiencies, how tightly Table 4 pins them, and what one moving does."""
-    eff = cm.LLAMA3_EFFICIENCY
-    src = "costmodel.LLAMA3_EFFICIENCY (data/constants.json)"
-    out = {
-        "e_dense": derived(eff.dense, "{:.3f}", src), "e_attention": derived(eff.attention, "{:.3f}", src),
-        "e_network": derived(eff.network, "{:.2f}", src), "e_overhead": derived(eff.overhead, "{:.2g}", src),
-        "n_runs": Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv"),
-    }
-    base = [e.mfu for _, e in _table4()]
-    for name, rows in (("dense", (0, 1)), ("attention", (2,)), ("network", (0, 1, 2))):
-        moved = [e.mfu for _, e in _table4(replace(eff, **{name: getattr(eff, name) * 1.1}))]
-        out[f"sens_{name}_pts"] = derived(max(100 * abs(moved[r] - base[r]) for r in rows), "{:.1f}",
-                                          f"a 10% larger {name} constant, rows {rows}")
-    return {**out, **_island(), "causal_attention_eff": derived(_causal_attention(), "{:.2f}",
-                                                                 "bisection on row 3")}
-
-
-def _island() -> dict[str, Number]:
-    """The (dense, attention) pairs that put all three rows within 3 points (coarse grid)."""
-    dense = [0.40 + 0.025 * i for i in range(21)]          # 0.40 ... 0.90
-    attention = [0.10 + 0.025 * i for i in range(17)]      # 0.10 ... 0.50
-    counts = cm.table4_fit_counts(dense, attention, WITHIN)
-    ok = [(d, a) for a, row in zip(attention, counts) for d, n in zip(dense, row) if n == 3]
-    if not ok:
-        ok = [(float("nan"), float("nan"))]
-    src = "costmodel.table4_fit_counts, grid step 0.025"
-    return {"island_dense_lo": derived(min(d for d, _ in ok), "{:.2f}", src),
-            "island_dense_hi": derived(max(d for d, _ in ok), "{:.2f}", src),
-            "island_att_lo": derived(min(a for _, a in ok), "{:.2f}", src),
-            "island_att_hi": derived(max(a for _, a in ok), "{:.2f}", src)}
-
-
-def _causal_attention() -> float:
-    """The attention efficiency that reproduces row 3's 38% if Llama 3 had counted only the
-    causal half of attention (Megatron's convention)."""
-    m, row3, eff = ModelConfig.preset(L405), cm.TABLE4[2], cm.LLAMA3_EFFICIENCY
-    causal = dense_flops_per_token(m) + attention_flops_per_token(m, row3.seq_len) / 2
-
-    def mfu(a):
-        e = cm.estimate(m, row3.parallel(), seq_len=row3.seq_len, global_batch_tokens=cm.TABLE4_BATCH_TOKENS,
-                        efficiency=replace(eff, attention=a))
-        return cm.TABLE4_BATCH_TOKENS * causal / (e.step_time_s * row3.gpus * cm.LLAMA3_CLUSTER.peak_flops)
-
-    lo, hi = 0.05, 1.0
-    for _ in range(30):                  # causal MFU grows with the constant
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mfu(mid) < row3.mfu else (lo, mid)
-    return lo
+    """The measured constants the chapter quotes (`costmodel.constants`), each with its source;
+    and what Table 4 row 1 becomes under each framework's stack."""
+    c = cm.CONSTANTS
+    out = {name.replace(".", "_"): derived(c[name].value, "{:g}", c[name].source)
+           for name in ("gemm.max_fraction", "attention.flash2_8k", "attention.cudnn_8k",
+                        "hbm.stream_fraction", "elementwise.eager", "nvlink.busbw_fraction",
+                        "nic.busbw_fraction")}
+    out["n_runs"] = Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv")
+    for name in cm.FRAMEWORKS:
+        e = _table4(name)[0][1]
+        out[f"row1_mfu_{name}"] = derived(e.mfu, "{:.1%}", f"costmodel.table4('{name}'), row 1")
+    return out
 
 
 def _memory() -> dict[str, Number]:
