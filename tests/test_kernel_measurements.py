@@ -32,3 +32,14 @@ def test_every_shape_was_measured_and_is_physical():
         for row in got["attention"]["flash"] + got["attention"].get("cudnn", []):
             assert 0 < 3 * row["flops_fwd"] / row["fwd_bwd_s"] < PEAK
         assert 0.5 < got["hbm"]["copy_Bps"] / 4.8e12 < 1
+
+
+def test_cp_attention_measurement_covers_every_rank():
+    got = json.loads((KERNELS / "cp_attention_h200.json").read_text())
+    for backend in ("flash", "cudnn"):
+        ranks = got["ranks"][backend]
+        assert [r["rank"] for r in ranks] == list(range(got["cp"]))
+        # the zigzag balances the work: every rank does the same FLOPs within a percent
+        flops = [r["flops"] for r in ranks]
+        assert max(flops) / min(flops) < 1.01
+        assert all(0 < r["flops"] / r["fwd_bwd_s"] < PEAK for r in ranks)
