@@ -193,7 +193,7 @@ def test_table4_runs_the_papers_stack():
     unit = cm.frameworks.fsdp_unit_mb(L405, 8)
     assert [r.mfu for r, _ in rows] == [0.43, 0.41, 0.38]
     assert all(e.parallel.virtual_stages == 8 and e.workload.microbatch_size == 1 for _, e in rows)
-    assert all(e.parallel.bucket_mb == unit and e.parallel.zero == 1 for _, e in rows)
+    assert all(e.parallel.bucket_mb == unit and e.parallel.zero == 2 for _, e in rows)
 
 
 def test_doubling_dp_at_fixed_global_batch_lowers_mfu():
@@ -338,7 +338,7 @@ def test_cli_own_model_and_hardware(capsys):
     (["--peak-tflops", "0"], "--peak-tflops"),
     (["--inter-node-Gbps", "-1"], "--inter-node-Gbps"),
     (["--tp", "two"], "--tp"),
-    (["--dense-efficiency", "1.5"], "--dense-efficiency"),
+    (["--framework", "jax"], "--framework"),
     (["--sp", "--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "8"], "--sp needs --tp > 1"),
     (["--schedule", "interleaved", "--pp", "16", "--global-batch", "8", "--dp", "1"], "--microbatches"),
 ])
@@ -733,3 +733,65 @@ def test_fit_figure_draws_every_row_and_held_out_cell():
     fig = fit_rule()
     filled, hollow = fig.axes[0].collections[1:3]       # after the +-3 band
     assert len(filled.get_offsets()) == 15 and len(hollow.get_offsets()) == 14
+
+
+# ------------------------------------------------------------------ issue 26: physics, frameworks
+def test_table4_fits_in_80_gib_with_the_papers_fsdp():
+    """Llama 3's FSDP shards the fp32 gradients (frameworks.LLAMA3: ZeRO-2); that, not
+    recomputation, is what makes every row of Table 4 fit in an H100's 80 GiB."""
+    for row, e in cm.table4():
+        assert e.parallel.zero == 2 and e.workload.recompute == "none"
+        assert e.memory_gb_per_gpu <= 80 * 2**30 / 1e9, (row, e.memory_gb_per_gpu)
+        whole = cm.estimate(L405, e.parallel.replace(zero=1), seq_len=row.seq_len,
+                            global_batch_tokens=cm.TABLE4_BATCH_TOKENS)
+        assert whole.memory_gb_per_gpu > e.memory_gb_per_gpu + 10      # the fp32 buffer
+
+
+def test_zero2_reduce_scatters_hide_behind_the_rest_of_the_step():
+    from minipar.costmodel.exposure import dp_exposed_seconds
+    # 4 micro-batches of 1 s, each reduce-scatter 0.9 s: 3.6 s of traffic behind 3 + 2/3 s
+    assert dp_exposed_seconds(2, False, 4, 0.9, 0.0, 1.0) == 0.0
+    # 1.5 s each: 6 s of traffic, 3 + 2/3 s to hide in
+    assert dp_exposed_seconds(2, False, 4, 1.5, 0.0, 1.0) == pytest.approx(6 - 3 - 2 / 3)
+
+
+def test_frameworks_change_what_the_stack_does():
+    from minipar.costmodel.frameworks import apply
+    pc = cm.TABLE4[0].parallel()
+    for name, fw in cm.FRAMEWORKS.items():
+        out, precision, eff = apply(fw, L405, pc)
+        assert precision.reduce_bytes == fw.reduce_bytes and eff == fw.kernels
+        assert out.zero == (fw.zero if fw.zero is not None else pc.zero)
+        assert set(fw.sources) >= {"reduce_bytes", "bucket", "zero", "tp_overlap", "kernels"}
+    # the same row is slower with nanotron's eager kernels than with the paper's stack
+    rows = {name: cm.table4(name)[0][1].mfu for name in cm.FRAMEWORKS}
+    assert rows["nanotron"] < rows["llama3"]
+    with pytest.raises(ConfigError, match="--framework"):
+        cm.framework("jax")
+
+
+def test_cp_attention_uses_the_chunked_kernel_measurement():
+    from minipar.costmodel.constants import attention_tflops, cp_attention_tflops
+    c = cm.LLAMA3_CLUSTER
+    t1 = cm.attention_seconds(L405, 8192, 131072, 16, 8, c, "cudnn")
+    flops = 0.5 * 12 * L405.n_heads * L405.head_dim * 131072 * 8192 / 8
+    assert t1 == pytest.approx(flops / (cp_attention_tflops("cudnn") * 1e12 * c.peak_tflops / 989.4))
+    assert cp_attention_tflops("cudnn") < attention_tflops("cudnn", 8192)     # its mask is slow
+
+
+def test_each_rule_plot_places_the_three_worked_pairs_where_the_planner_put_them():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from minipar.teach.figures import fourd as figs
+    from minipar.teach.numbers.fourd import WORKED, worked_plan
+    for rule, axis, n in ((figs.tp_rule, 0, 3), (figs.bubble_rule, 0, 3), (figs.cp_rule, 0, 3),
+                          (figs.cp_rule, 1, 1), (figs.dp_rule, 0, 3)):
+        fig = rule()
+        labels = [t.get_text() for t in fig.axes[axis].texts if not t.get_text().startswith("budget")]
+        assert len(labels) == n, (rule.__name__, labels)
+        plt.close(fig)
+    tps = {k: worked_plan(k).parallel.tp for k in WORKED}
+    labels = [t.get_text() for t in figs.tp_rule().axes[0].texts]
+    assert all(f"{k} TP{t}" in labels for k, t in tps.items())
+    plt.close("all")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "benchmarks" / "kernels"
+DATA = ROOT / "minipar" / "costmodel" / "data"       # where the cost model reads them
 PEAK = 989.4e12
 
 
@@ -21,8 +22,8 @@ def test_shapes_file_is_what_shapes_py_writes(tmp_path):
 
 def test_every_shape_was_measured_and_is_physical():
     shapes = json.loads((KERNELS / "shapes.json").read_text())
-    for name in ("kernels_h200.json", "kernels_h200_first_run.json"):
-        got = json.loads((KERNELS / name).read_text())
+    for path in (DATA / "kernels_h200.json", KERNELS / "kernels_h200_first_run.json"):
+        got = json.loads(path.read_text())
         assert got["gpu"] == "NVIDIA H200"
         timed = {(g["m"], g["n"], g["k"]): g["s"] for g in got["gemms"]}
         assert set(map(tuple, shapes["gemms"])) == set(timed)
@@ -35,7 +36,7 @@ def test_every_shape_was_measured_and_is_physical():
 
 
 def test_cp_attention_measurement_covers_every_rank():
-    got = json.loads((KERNELS / "cp_attention_h200.json").read_text())
+    got = json.loads((DATA / "cp_attention_h200.json").read_text())
     for backend in ("flash", "cudnn"):
         ranks = got["ranks"][backend]
         assert [r["rank"] for r in ranks] == list(range(got["cp"]))

@@ -39,11 +39,11 @@ PAPER = "the Llama 3 paper (Dubey et al. 2024)"
 
 
 def _mark(evidence: str, source: str = "") -> nodes.Node:
-    """A P, D or A after a fact; its tooltip says what the letter means and the source."""
+    """A P, D, A or M after a fact; its tooltip says what the letter means and the source."""
     from minipar.teach.numbers import EVIDENCE
-    letter = {"paper": "P", "derived": "D", "assumption": "A"}[evidence]
+    letter = {"paper": "P", "derived": "D", "assumption": "A", "measured": "M"}[evidence]
     meaning = EVIDENCE[evidence]
-    if evidence != "assumption":        # name the paper where the meaning cites it
+    if evidence in ("paper", "derived"):        # name the paper where the meaning cites it
         meaning = re.sub(r"the (Llama 3 )?paper", PAPER, meaning, count=1)
     tip = f"{letter}: {meaning}" + (f"; source: {source}" if source else "")
     mark = nodes.superscript(classes=["evidence", f"evidence-{evidence}"])

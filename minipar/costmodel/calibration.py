@@ -25,10 +25,10 @@ from .workload import Workload, layout_problems
 
 RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
 # Every cell of the Playbook's heatmap, with the memory it printed: the cells that are not
-# calibration rows are held out, predicted and never fitted on.
+# evaluation rows are predicted too (`evaluate`).
 HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
-# Every run of the Playbook's interactive figure: the MFU and tokens/s each printed. Not
-# fitted on; it shows which FLOPs the Playbook's MFU counts (`playbook_mfu_ratios`).
+# Every run of the Playbook's interactive figure: the MFU and tokens/s each printed. It
+# shows which FLOPs the Playbook's MFU counts (`playbook_mfu_ratios`).
 PLAYBOOK_RUNS_FILE = Path(__file__).parent / "data" / "playbook_runs.csv"
 PLAYBOOK_PEAK_TFLOPS = 989.5        # bench_cluster's report.py: 1979 / 2, dense bf16
 
@@ -64,7 +64,8 @@ PLAYBOOK_MODELS = {
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """One row of the calibration file: what ran, and the MFU its authors measured."""
+    """One row of the evaluation file: what ran, under which framework, and the MFU its
+    authors measured."""
 
     source: str
     model: ModelConfig
@@ -165,7 +166,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def published_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
-    """Every row of the calibration file, in its order."""
+    """Every row of the evaluation file, in its order."""
     return [_run(row) for row in _rows(path)]
 
 
@@ -175,7 +176,6 @@ def heatmap_cells(path: Path = HEATMAP_FILE) -> list[tuple[PublishedRun, float]]
 
 
 def held_out_runs() -> list[PublishedRun]:
-    """The heatmap's cells that are not calibration rows: the fit never sees them, so how
-    far the model is from them is how far it is from runs it was not fitted on."""
-    fitted = {run.label for run in published_runs()}
-    return [run for run, _ in heatmap_cells() if run.label not in fitted]
+    """The heatmap's cells that are not rows of the evaluation file."""
+    rows = {run.label for run in published_runs()}
+    return [run for run, _ in heatmap_cells() if run.label not in rows]

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ..cli import Chosen, Parser, add_flags
 from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
-from .constants import CONSTANTS, PRECISIONS
+from .constants import CONSTANTS, LLAMA3_EFFICIENCY, PRECISIONS
 from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--framework", choices=tuple(FRAMEWORKS),
                    help="the software stack's behaviours (frameworks.py): kernels, reduce dtype, "
                         "DP buckets, ZeRO, TP overlap; default: the preset's own (llama3 for the "
-                        "Llama 3 presets), else megatron. --zero, --bucket-mb, --tp-overlap given "
-                        "explicitly win over the framework's")
+                        "Llama 3 presets), else none: the layout flags as given, with fused "
+                        "kernels. --zero, --bucket-mb, --tp-overlap given explicitly win")
     p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
     return p
 
@@ -314,11 +314,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         model, cluster, parallel, work = config_from_args(args)
-        name = args.framework or PRESET_FRAMEWORK.get(args.preset, "megatron")
-        if args.framework is None:
-            args.notes.append(f"chose --framework {name} (the preset's own stack)"
-                              if args.preset in PRESET_FRAMEWORK else f"chose --framework {name}")
-        pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, PRECISIONS[args.precision])
+        name = args.framework or PRESET_FRAMEWORK.get(args.preset)
+        pc, precision, eff = parallel, PRECISIONS[args.precision], LLAMA3_EFFICIENCY
+        if name is not None:
+            if args.framework is None:
+                args.notes.append(f"chose --framework {name} (the preset's own stack)")
+            pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision)
         given = {k: getattr(parallel, k) for k, flag in (("zero", "--zero"), ("bucket_mb", "--bucket-mb"),
                                                          ("tp_overlap", "--tp-overlap")) if flag in argv}
         e = estimate(model, pc.replace(**given), cluster, work.seq_len, global_batch=work.global_batch,

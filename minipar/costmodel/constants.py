@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["TABLE4_BATCH_TOKENS", "Constant", "CONSTANTS", "KERNELS", "KERNELS_FILE",
-           "Efficiency", "LLAMA3_EFFICIENCY", "STREAM_FRACTION", "CAUSAL_FRACTION",
+           "Efficiency", "LLAMA3_EFFICIENCY", "CP_ATTENTION", "cp_attention_tflops", "STREAM_FRACTION", "CAUSAL_FRACTION",
            "EAGER_ELEMENTWISE", "FUSED_ELEMENTWISE", "GEMM_CURVE", "NCCL_LATENCY_US",
            "Precision", "BF16_MIXED", "FP32", "PRECISIONS", "MEASURED_PEAK_TFLOPS"]
 
@@ -24,6 +24,9 @@ CAUSAL_FRACTION = 0.5       # a causal kernel computes half of the s x s square
 
 KERNELS_FILE = Path(__file__).parent / "data" / "kernels_h200.json"
 KERNELS = json.loads(KERNELS_FILE.read_text())
+# One all-gather CP rank's attention: its two chunks of s / 2cp queries against every key up
+# to each chunk's end, lower-right causal (benchmarks/kernels/cp_attention.py, CP16 at 131K)
+CP_ATTENTION = json.loads((KERNELS_FILE.parent / "cp_attention_h200.json").read_text())
 MEASURED_PEAK_TFLOPS = 989.4      # the H200's dense bf16 data sheet number, the H100 SXM's too
 MEASURED_HBM_TBps = 4.8           # the H200's HBM3e; memory-bound kernels scale by this
 
@@ -71,6 +74,12 @@ def attention_tflops(kernel: str, block: float) -> float:
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return ys[-1]
+
+
+def cp_attention_tflops(kernel: str) -> float:
+    """Measured TFLOP/s of one all-gather CP rank's chunked attention (median over ranks)."""
+    ranks = CP_ATTENTION["ranks"][kernel]
+    return _median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
 
 
 def _elementwise_bytes(spec: dict) -> float:
@@ -184,6 +193,10 @@ def _constants() -> list[Constant]:
         Constant("gemm.curve_t0", round(t0 * 1e6, 1), "us", f"{MEASURE}: the curve's fixed cost per GEMM"),
         Constant("attention.flash2_8k", round(flash, 0), "TFLOP/s", f"{MEASURE}: SDPA FlashAttention-2, causal, head dim 128, fwd+bwd"),
         Constant("attention.cudnn_8k", round(cudnn, 0), "TFLOP/s", f"{MEASURE}: SDPA cuDNN attention, causal, head dim 128, fwd+bwd"),
+        Constant("attention.flash2_cp_chunk", round(cp_attention_tflops("flash"), 0), "TFLOP/s",
+                 f"{MEASURE.replace('measure.py', 'cp_attention.py')}: one CP16 rank at 131K, lower-right causal chunks"),
+        Constant("attention.cudnn_cp_chunk", round(cp_attention_tflops("cudnn"), 0), "TFLOP/s",
+                 f"{MEASURE.replace('measure.py', 'cp_attention.py')}: one CP16 rank at 131K, lower-right causal chunks"),
         Constant("hbm.stream_fraction", round(STREAM_FRACTION, 3), "of HBM", f"{MEASURE}: a 2 GiB device copy"),
         Constant("elementwise.eager", round(EAGER_ELEMENTWISE, 2), "x counted bytes",
                  f"{MEASURE}: eager PyTorch blocks, (block - GEMMs - attention) over the counted pointwise bytes, median of {len(KERNELS['layers'])}"),

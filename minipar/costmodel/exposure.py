@@ -99,7 +99,8 @@ def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t
     """DP time that sticks out of the step. Gradients are final only during the last
     micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind,
     plus `drain` (`pipeline_drain_seconds`); the updated weights can be prefetched during
-    the first forward (1/3). ZeRO-2 reduces every micro-batch behind its own backward,
+    the first forward (1/3). ZeRO-2 reduces every micro-batch (its gradients are sharded):
+    m reduce-scatters, hidden by all the compute from the first one to the last backward;
     ZeRO-3 also gathers the weights every time. Naive DP (no buckets) overlaps nothing."""
     backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb + drain, 1 / 3 * t_mb)
 
@@ -110,8 +111,9 @@ def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t
         return exposed(2 * t_rs, backward)           # an all-reduce: reduce-scatter + all-gather
     if zero == 1:
         return exposed(t_rs, backward) + exposed(t_ag, forward)
-    if zero == 2:
-        return m * exposed(t_rs, backward) + exposed(t_ag, forward)
+    if zero == 2:     # each micro-batch's reduce-scatter runs on NCCL's stream behind
+        # everything computed after it; only the last one must end before the update
+        return exposed(m * t_rs, (m - 1) * t_mb + backward) + exposed(t_ag, forward)
     return m * (exposed(t_ag, forward) + exposed(t_ag + t_rs, backward))
 
 

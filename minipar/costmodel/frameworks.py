@@ -39,11 +39,12 @@ class Framework:
 
 
 LLAMA3 = Framework(
-    "llama3", LLAMA3_EFFICIENCY, reduce_bytes=4, bucket="layer", zero=1, tp_overlap=False,
+    "llama3", LLAMA3_EFFICIENCY, reduce_bytes=4, bucket="layer", zero=2, tp_overlap=False,
     sources={
         "reduce_bytes": "paper 3.3.2: 'reduce-scatter gradients in FP32 across data parallel workers in FSDP'",
         "bucket": "paper 3.3.2: FSDP shards the optimizer state and gradients, one unit per layer (PyTorch FSDP wraps each block)",
-        "zero": "paper 3.3.2: 'we do not reshard after forward' (parameters stay gathered: ZeRO-1-like traffic)",
+        "zero": "paper 3.3.2: FSDP shards the optimizer state and the fp32 gradients (ZeRO-2); 'we do not "
+                "reshard after forward' keeps the bf16 weights gathered (no ZeRO-3 all-gathers)",
         "tp_overlap": "assumption: the paper names no TP communication overlap",
         "kernels": "assumption: the paper names no kernels; cuDNN-class attention and fused pointwise kernels on H100",
     })

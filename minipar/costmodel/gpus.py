@@ -4,7 +4,7 @@ Chapter "Four dimensions at once" (choosing a layout starts from the hardware). 
 GPU: what it computes (dense bf16 FLOP/s), how fast it reads its memory (HBM bandwidth), how
 much memory it has, how fast it talks inside a server (NVLink, per direction) and across
 servers (one NIC per GPU), and how many GPUs share a server. Nothing here is fitted: these
-are the vendors' numbers, and the fitted constants (`constants.json`) say what fraction of
+are the vendors' numbers, and the measured constants (`constants`) say what fraction of
 them software reaches.
 """
 from __future__ import annotations

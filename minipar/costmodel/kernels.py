@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .constants import (CAUSAL_FRACTION, GEMM_CURVE, KERNELS, MEASURED_HBM_TBps,
-                        MEASURED_PEAK_TFLOPS, STREAM_FRACTION, attention_tflops)
+                        MEASURED_PEAK_TFLOPS, STREAM_FRACTION, attention_tflops,
+                        cp_attention_tflops)
 from .hardware import Cluster
 
 GEMM_TABLE = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
@@ -75,11 +76,13 @@ def attention_seconds(model: ModelConfig, tokens: float, seq_len: int, cp: int, 
                       cluster: Cluster, kernel: str = "cudnn") -> float:
     """Forward + backward of the attention core for `tokens` of this rank's queries, each
     seeing on average half of the sequence (causal): 12 h s / 2 FLOPs per token and layer,
-    over tp (heads), at the measured speed of `kernel` on the rank's block s / cp."""
+    over tp (heads), at the measured speed of `kernel` on sequences of s tokens."""
     flops = CAUSAL_FRACTION * 12.0 * model.n_heads * model.head_dim * seq_len * tokens / tp
     name = {"flash2": "flash", "cudnn": "cudnn"}[kernel]
-    tflops = attention_tflops(name, seq_len / cp) * cluster.peak_tflops / MEASURED_PEAK_TFLOPS
-    return flops / (tflops * 1e12)
+    # with CP the rank's query chunks meet the keys before them under a lower-right causal
+    # mask: a kernel of its own, measured as such (`cp_attention_tflops`)
+    measured = cp_attention_tflops(name) if cp > 1 else attention_tflops(name, seq_len)
+    return flops / (measured * 1e12 * cluster.peak_tflops / MEASURED_PEAK_TFLOPS)
 
 
 def elementwise_bytes_per_token(model: ModelConfig, tp: int, sp: bool, act_bytes: int = 2) -> float:

@@ -64,9 +64,12 @@ def attention_share(model: ModelConfig, seq_len: int, cluster: Cluster, tp: int 
 
 
 def dp_share(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, seq_len: int,
-             global_batch: int, eff: Efficiency = LLAMA3_EFFICIENCY) -> float:
-    """Exposed DP seconds over the step of a layout (ZeRO-1, micro-batches of one)."""
-    e = estimate(model, pc, cluster, seq_len, global_batch=global_batch, efficiency=eff)
+             global_batch: int, eff: Efficiency = LLAMA3_EFFICIENCY,
+             framework: str | None = None) -> float:
+    """Exposed DP seconds over the step of a layout (micro-batches of one), under
+    `framework`'s reduce dtype, buckets and ZeRO stage when one is named."""
+    e = estimate(model, pc, cluster, seq_len, global_batch=global_batch, efficiency=eff,
+                 framework=framework)
     return e.time_breakdown_s["dp"] / e.step_time_s
 
 

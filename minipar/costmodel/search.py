@@ -38,13 +38,15 @@ def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: in
                  recompute=RECOMPUTE_MODES, zero=(1,), cp_impl: str = "allgather",
                  tps=None, cps=None, pps=None, top: int | None = 10,
                  precision: Precision = BF16_MIXED,
-                 efficiency: Efficiency = LLAMA3_EFFICIENCY) -> list[Estimate]:
+                 efficiency: Efficiency = LLAMA3_EFFICIENCY,
+                 framework: str | None = None) -> list[Estimate]:
     """Valid layouts of `gpus` GPUs ranked by predicted MFU, among those that fit in HBM.
 
     Searched: tp, cp, pp powers of two (tp up to one server; or the degrees `tps`, `cps`,
     `pps` given), dp the rest; each schedule (the interleaved one with every chunk count 2,
     4, ... that fits), micro-batch size, recompute policy and ZeRO stage given. Sequence
-    parallelism on whenever tp > 1. `top=None` returns them all.
+    parallelism on whenever tp > 1; `framework` (`frameworks`) sets what that stack does,
+    its ZeRO stage among it. `top=None` returns them all.
     """
     tps = tps or _powers_of_two(cluster.gpus_per_node)
     cps = cps or _powers_of_two(gpus)
@@ -61,7 +63,7 @@ def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: in
                 try:
                     e = estimate(model, pc, cluster, seq_len, global_batch_tokens=global_batch_tokens,
                                  microbatch_size=mbs, recompute=rc, precision=precision,
-                                 efficiency=efficiency)
+                                 efficiency=efficiency, framework=framework)
                 except ConfigError:
                     continue
                 if e.fits_memory:

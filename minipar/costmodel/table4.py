@@ -29,11 +29,11 @@ class Table4Row:
     def parallel(self) -> ParallelConfig:
         """The layout as we read the paper: interleaved 1F1B with one layer per chunk
         (v = 128 / 16 = 8: "the first model chunk on the first stage has only the
-        embedding"), ZeRO-1-like FSDP (fp32 gradients reduce-scattered once per step),
-        sequence parallelism, all-gather context parallelism; FSDP reduces and gathers one
-        layer at a time (`fsdp_unit_mb`), not in 25 MB buckets."""
+        embedding"), sequence parallelism, all-gather context parallelism. What FSDP does
+        (fp32 gradients sharded and reduce-scattered per micro-batch, one layer's unit at
+        a time) is the framework's (`frameworks.LLAMA3`), applied by `table4`."""
         model = ModelConfig.preset("llama3-405b")
-        return ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=1, sp=True,
+        return ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=2, sp=True,
                               schedule="interleaved", virtual_stages=8, cp_impl="allgather",
                               bucket_mb=fsdp_unit_mb(model, self.tp))
 

@@ -12,11 +12,13 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
+from ...config import ModelConfig, ParallelConfig
 from ...costmodel import LLAMA3_CLUSTER, rules
 from ...costmodel.calibration import held_out_runs, published_runs
 from ...costmodel.evaluate import predict
 from ...formulas.pipeline_parallel import bubble_fraction
 from ...grid import AXES, ProcessGrid
+from ..numbers.fourd import DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, worked_cluster, worked_plan
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
 
@@ -215,18 +217,71 @@ def _axis_links(tp, cp, pp, dp, gpus_per_node, pod_size) -> list[str]:
 
 
 # ------------------------------------------------------------------ the rules, as the page draws them
+def place_pairs(ax, points: dict, left: bool = False):
+    """The worked pairs on a threshold plot: {label: (x, y)}, each a marker with its label
+    (to the marker's left with `left`, where the right edge would cut it)."""
+    for (label, (x, y)), marker in zip(points.items(), ("*", "D", "s")):
+        ax.plot([x], [y], marker, color="k", ms=9 if marker == "*" else 6, zorder=5)
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(-6 if left else 6, 4),
+                    fontsize=7, ha="right" if left else "left")
+
+
+def _pairs():
+    """(key, model, cluster, planned Estimate) of each worked pair (`numbers.fourd.WORKED`)."""
+    return [(key, ModelConfig.preset(name), worked_cluster(gpu), worked_plan(key))
+            for key, (name, gpu, *_) in WORKED.items()]
+
+
 def tp_rule(widths=(2048, 4096, 8192, 16384), degrees=(2, 4, 8, 16)):
-    """Rule 2 from `costmodel.rules.tp_ratio` on Llama 3's cluster (`plot_tp_threshold`)."""
+    """Rule 2 from `costmodel.rules.tp_ratio` on Llama 3's cluster (`plot_tp_threshold`), with
+    each worked pair at its width and the TP the planner chose (on its own cluster)."""
     ratio = lambda t, h, o: rules.tp_ratio(rules.llama_of_width(h), t, LLAMA3_CLUSTER, overlap=o)  # noqa: E731
-    return plot_tp_threshold(list(widths), {t: [ratio(t, h, False) for h in widths] for t in degrees},
-                             {t: [max(ratio(t, h, True), 1e-3) for h in widths] for t in degrees})
+    fig = plot_tp_threshold(list(widths), {t: [ratio(t, h, False) for h in widths] for t in degrees},
+                            {t: [max(ratio(t, h, True), 1e-3) for h in widths] for t in degrees})
+    place_pairs(fig.axes[0], {f"{k} TP{e.parallel.tp}": (m.dim, max(rules.tp_ratio(m, e.parallel.tp, c), 1e-3))
+                              for k, m, c, e in _pairs()}, left=True)
+    return fig
 
 
-def bubble_rule(ms=(4, 8, 16, 32, 64, 128), layouts=((4, 1), (16, 1), (16, 8))):
-    """Rule 3: `formulas.pipeline_parallel.bubble_fraction` against micro-batches (`plot_bubble_threshold`)."""
-    return plot_bubble_threshold(list(ms), {
+def bubble_rule(ms=(1, 4, 8, 16, 32, 64, 128), layouts=((4, 1), (16, 1), (16, 8))):
+    """Rule 3: `formulas.pipeline_parallel.bubble_fraction` against micro-batches
+    (`plot_bubble_threshold`), with each worked pair's planned pipeline."""
+    fig = plot_bubble_threshold(list(ms), {
         f"p={p} v={v}": [bubble_fraction("interleaved" if v > 1 else "1f1b", p, m, v) for m in ms]
         for p, v in layouts})
+    place_pairs(fig.axes[0], {f"{k} PP{e.parallel.pp} v{e.parallel.virtual_stages}": (e.microbatches, e.bubble_fraction)
+                              for k, _, _, e in _pairs()})
+    return fig
+
+
+def cp_rule(seq_lens=(8192, 16384, 32768, 65536, 131072)):
+    """Rule 4 (`plot_cp_threshold`): attention's share of a 405B block and CP's unhidden
+    traffic over attention, with each worked pair's share at its sequence (the planner
+    chose no CP for any of them) and Table 4's 128K row, TP8 CP16."""
+    m, c = ModelConfig.preset("llama3-405b"), LLAMA3_CLUSTER
+    cp = {f"CP{n} {impl}": [rules.cp_ratio(m, s, n, c, impl=impl) for s in seq_lens]
+          for n, impl in ((4, "allgather"), (16, "allgather"), (16, "ring"))}
+    fig = plot_cp_threshold(list(seq_lens), [rules.attention_share(m, s, c) for s in seq_lens], cp)
+    place_pairs(fig.axes[0], {f"{k} CP{e.parallel.cp}": (e.workload.seq_len, rules.attention_share(
+        model, e.workload.seq_len, cluster, tp=e.parallel.tp)) for k, model, cluster, e in _pairs()})
+    place_pairs(fig.axes[1], {"405B at 128K, CP16 (Table 4)": (131072, rules.cp_ratio(m, 131072, 16, c))},
+                left=True)
+    return fig
+
+
+def dp_rule(dps=(8, 32, 128, 512), frameworks=DP_FRAMEWORKS):
+    """Rule 5 (`plot_dp_threshold`): exposed DP over the step of Llama 3 70B at TP8 against
+    tokens per DP rank (a batch of `DP_RULE_BATCH` sequences of 8K), a line per framework (its reduce
+    dtype, buckets and ZeRO stage), and each worked pair at its planned DP."""
+    model, c = ModelConfig.preset("llama3-70b"), LLAMA3_CLUSTER
+    shares = {f"70B TP8, {fw}": [rules.dp_share(model, ParallelConfig(tp=8, sp=True, dp=d, zero=1), c, 8192,
+                                                DP_RULE_BATCH, framework=fw) for d in dps] for fw in frameworks}
+    fig = plot_dp_threshold([DP_RULE_BATCH * 8192 // d for d in dps], shares)
+    place_pairs(fig.axes[0], {f"{k} DP{e.parallel.dp}": (e.workload.tokens / e.parallel.dp,
+                                                          e.time_breakdown_s["dp"] / e.step_time_s)
+                              for k, _, _, e in _pairs()})
+    fig.axes[0].set_yscale("symlog", linthresh=0.01)
+    return fig
 
 
 # ------------------------------------------------------------ the physics against published runs

@@ -18,6 +18,7 @@ EVIDENCE = {
     "paper": "reported by the Llama 3 paper",
     "derived": "derived by this book from what the paper reports",
     "assumption": "an assumption of this book: the paper does not say",
+    "measured": "measured on the hardware: a data sheet, a benchmark run here, nccl-tests or NCCL's own model",
 }
 
 
@@ -45,6 +46,11 @@ def paper(value, fmt: str = "{:,}", source: str = "") -> Number:
 def derived(value, fmt: str = "{:,}", source: str = "") -> Number:
     """A number this book derives from the paper's (say from what)."""
     return Number(value, fmt, "derived", source)
+
+
+def measured(value, fmt: str = "{:,}", source: str = "") -> Number:
+    """A hardware constant of the cost model and the measurement it comes from."""
+    return Number(value, fmt, "measured", source)
 
 
 def assumed(value, fmt: str = "{:,}", source: str = "") -> Number:

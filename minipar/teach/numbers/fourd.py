@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 
 from ... import costmodel as cm
-from ...config import ModelConfig
+from ...config import ModelConfig, ParallelConfig
 from ...costmodel import rules
 from ...costmodel.constants import BF16_MIXED
 from ...costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement, heatmap_cells,
@@ -30,6 +30,24 @@ _PLAN = "costmodel.planner.plan"
 L405 = "llama3-405b"
 # The notebook's planning exercise (`exercises.fourd.check_plan` takes these as its defaults):
 # the chapter states its cluster, batch and margin.
+# The chapter's three worked model/cluster pairs (model, GPU, GPUs, tokens per step, sequence):
+# each rule's threshold plot places them, at the layout the planner chose for them.
+WORKED = {"405B": ("llama3-405b", "llama3", 8192, 16 * 2**20, 8192),
+          "70B": ("llama3-70b", "h100", 1024, 4 * 2**20, 8192),
+          "8B": ("llama3-8b", "a100", 64, 4 * 2**20, 8192)}
+
+
+def worked_cluster(gpu: str):
+    return cm.LLAMA3_CLUSTER if gpu == "llama3" else cm.gpu_cluster(gpu)
+
+
+@cache
+def worked_plan(key: str):
+    """The planner's best layout for one worked pair (`WORKED`): an `Estimate`."""
+    name, gpu, gpus, tokens, seq = WORKED[key]
+    return plan(ModelConfig.preset(name), worked_cluster(gpu), gpus, seq, tokens, top=1).ranked[0]
+
+
 PLAN_EXERCISE = dict(model="llama3-70b", gpu="h100", gpus=256, seq_len=8192,
                      batch_tokens=2 * 2**20, points=2.0)
 
@@ -162,7 +180,36 @@ def _rules() -> dict[str, Number]:
         "w_wide": Number(wide.dim, source="rules.llama_of_width"),
         "w_narrow": Number(narrow.dim, source="rules.llama_of_width; Llama 3 8B's width"),
         "w_70b": Number(ModelConfig.preset("llama3-70b").dim, source="Llama 3 70B's width"),
+        "tp8_h_star": Number(_crossing(lambda h: rules.tp_ratio(rules.llama_of_width(h), 8, c), TP_BUDGET,
+                                       range(1024, 65536, 128)), "{:,}", source=_RULES + ": the width where TP8 costs 20%"),
+        "tp_budget": Number(TP_BUDGET, "{:.0%}", source="the TP rule's budget"),
+        "cp16_s_star": Number(_crossing(lambda s: rules.cp_ratio(m, s, 16, c), 1.0, range(8192, 131073, 1024)),
+                              "{:,}", source=_RULES + ": where CP16's all-gather equals its attention"),
+        **_dp_by_framework(),
     }
+
+
+TP_BUDGET = 0.2
+DP_FRAMEWORKS = ("llama3", "megatron", "nanotron")
+DP_RULE_BATCH = 1024             # sequences of 8K per step in the DP rule's plot
+
+
+def _crossing(ratio, budget: float, xs) -> int:
+    """The first x at which a falling `ratio(x)` is at or under `budget`."""
+    return next(x for x in xs if ratio(x) <= budget)
+
+
+def _dp_by_framework(dp: int = 32) -> dict[str, Number]:
+    """Exposed DP over the step of Llama 3 70B at TP8, `dp` replicas, 1,024 sequences of 8K,
+    under each framework's reduce (`figures.fourd.dp_rule` draws the same)."""
+    model = ModelConfig.preset("llama3-70b")
+    pc = ParallelConfig(tp=8, sp=True, dp=dp, zero=1)
+    out = {"dp_fw_tokens": Number(DP_RULE_BATCH * 8192 // dp, "{:,}", source="the batch's tokens over the replicas"),
+           "dp_fw_batch": Number(DP_RULE_BATCH, "{:,}", source="figures.fourd.dp_rule's batch")}
+    for fw in DP_FRAMEWORKS:
+        out[f"dp_fw_{fw}"] = Number(rules.dp_share(model, pc, cm.LLAMA3_CLUSTER, 8192, DP_RULE_BATCH, framework=fw),
+                                    "{:.1%}", source=_RULES + f", --framework {fw}")
+    return out
 
 
 @cache
@@ -200,11 +247,11 @@ def _plans() -> dict[str, Number]:
                     f"{key}_t4_rank": Number(rank, source=_PLAN),
                     f"{key}_t4": Number(describe(p.ranked[rank - 1]), "{}", source=_PLAN),
                     f"{key}_t4_mfu": Number(p.ranked[rank - 1].mfu, "{:.1%}", source=_PLAN)})
-    for key, name, gpu, gpus in (("p70", "llama3-70b", "h100", 1024), ("p8b", "llama3-8b", "a100", 64)):
-        best = plan(ModelConfig.preset(name), cm.gpu_cluster(gpu), gpus, 8192, 4 * 2**20, top=1).ranked[0]
+    for key, pair in (("p70", "70B"), ("p8b", "8B")):
+        best = worked_plan(pair)
         out.update({f"{key}_best": Number(describe(best), "{}", source=_PLAN),
                     f"{key}_mfu": Number(best.mfu, "{:.1%}", source=_PLAN),
-                    f"{key}_gpus": Number(gpus, source="the worked example")})
+                    f"{key}_gpus": Number(WORKED[pair][2], source="the worked example")})
     return out
 
 

@@ -13,12 +13,12 @@ from ... import costmodel as cm
 from ...config import ModelConfig, ParallelConfig
 from ...placement import straddling_replicas
 from ...flops import attention_flops_per_token, dense_flops_per_token, flops_per_token, gpu_peak_flops
-from .core import Number, derived
+from .core import Number, derived, measured
 
 _CM = "cost model (costmodel.table4), Table 4 row {}"
 _PARTS = ("compute", "tp", "cp", "bubble", "pp", "dp", "optimizer")
 L405 = "llama3-405b"
-WITHIN = 0.03                    # "within 3 points" of the published MFU
+WITHIN = 0.04                    # "within 4 points" of the published MFU: issue 26's target
 
 
 @cache
@@ -125,10 +125,17 @@ def _constants() -> dict[str, Number]:
     """The measured constants the chapter quotes (`costmodel.constants`), each with its source;
     and what Table 4 row 1 becomes under each framework's stack."""
     c = cm.CONSTANTS
-    out = {name.replace(".", "_"): derived(c[name].value, "{:g}", c[name].source)
-           for name in ("gemm.max_fraction", "attention.flash2_8k", "attention.cudnn_8k",
-                        "hbm.stream_fraction", "elementwise.eager", "nvlink.busbw_fraction",
-                        "nic.busbw_fraction")}
+    formats = {"gemm.max_fraction": "{:.0%}", "attention.flash2_8k": "{:.0f} TFLOP/s",
+               "attention.cudnn_8k": "{:.0f} TFLOP/s", "attention.flash2_cp_chunk": "{:.0f} TFLOP/s",
+               "attention.cudnn_cp_chunk": "{:.0f} TFLOP/s", "hbm.stream_fraction": "{:.0%}",
+               "elementwise.eager": "{:.1f}", "nvlink.busbw_fraction": "{:.0%}",
+               "nic.busbw_fraction": "{:.0%}", "gemm.table": "{:.0f}", "nccl.net_step": "{:g} µs",
+               "nccl.nvlink_step": "{:g} µs", "nccl.base_latency": "{:g} µs"}
+    out = {name.replace(".", "_"): measured(c[name].value, fmt, c[name].source)
+           for name, fmt in formats.items()}
+    out["n_constants"] = Number(len(c), source="python -m minipar.costmodel constants")
+    out["nanotron_bucket_mb"] = Number(cm.FRAMEWORKS["nanotron"].bucket, "{:g} MB",
+                                       source=cm.FRAMEWORKS["nanotron"].sources["bucket"])
     out["n_runs"] = Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv")
     for name in cm.FRAMEWORKS:
         e = _table4(name)[0][1]
@@ -163,8 +170,9 @@ def layout_name(e) -> str:
 
 @cache
 def search_results():
-    """Every layout of 8,192 GPUs at 8K that fits, best first (`costmodel.best_configs`)."""
-    return cm.best_configs(ModelConfig.preset(L405), gpus=8192, top=None)
+    """Every layout of 8,192 GPUs at 8K that fits under Llama 3's stack, best first
+    (`costmodel.best_configs`)."""
+    return cm.best_configs(ModelConfig.preset(L405), gpus=8192, top=None, framework="llama3")
 
 
 def _search() -> dict[str, Number]:
