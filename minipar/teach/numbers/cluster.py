@@ -9,7 +9,7 @@ from ...flops import param_count
 from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...placement import groups, ring_links, straddling_replicas
-from .core import Number, assumed, derived, paper
+from .core import Number, assumed, derived, measured, paper
 
 def _table4() -> dict[str, Number]:
     c, row1, row3 = LLAMA3_CLUSTER, TABLE4[0], TABLE4[2]
@@ -53,7 +53,7 @@ def _links() -> dict[str, Number]:
 
 def _nccl() -> dict[str, Number]:
     """Latency-bound steps of one all-reduce over Table 4 row 1's DP group, ring or tree
-    (`costmodel.hardware.collective_steps`), at the cost model's assumed NIC latency."""
+    (`costmodel.hardware.collective_steps`), at NCCL's own latency for a network step."""
     n, c = TABLE4[0].dp, LLAMA3_CLUSTER
     ring, tree = 2 * (n - 1), collective_steps("all_reduce", n, inter_node=True)
     us = c.nic_latency_us
@@ -61,7 +61,8 @@ def _nccl() -> dict[str, Number]:
         "nccl_flows": paper(16, source="Section 3.3.1: 16 flows between two GPUs, not 1"),
         "dp_ring_steps": derived(ring, source="2(n-1), n = 64"),
         "dp_tree_steps": derived(int(tree), source="2 log2 n"),
-        "nic_latency_us": assumed(us, "{:.0f} µs", source="cost model: one NIC + switch step"),
+        "nic_latency_us": measured(us, "{:.0f} µs", source="NCCL's tuning model (src/graph/tuning.cc): "
+                                   "a network step of a ring, Simple protocol"),
         "dp_ring_latency_ms": derived(ring * us / 1e3, "{:.1f} ms", source="steps x latency"),
         "dp_tree_latency_ms": derived(tree * us / 1e3, "{:.2f} ms", source="steps x latency"),
         "bench_params": Number(param_count(ModelConfig.preset("llama3.2-1b")) / 1e9,

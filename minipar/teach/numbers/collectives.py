@@ -8,10 +8,10 @@ from ...costmodel.hardware import LLAMA3_CLUSTER as C
 from ...costmodel.table4 import TABLE4
 from ...formulas.collective_time import all_reduce_cost, all_reduce_time
 from ...formulas.collectives import wire_bytes
-from .core import Number, assumed, derived
+from .core import Number, derived, measured
 
-ALPHA_NVLINK = C.nvlink_latency_us * 1e-6      # s per ring step inside a server: assumed
-ALPHA_NIC = C.nic_latency_us * 1e-6            # s per ring step across servers: assumed
+ALPHA_NVLINK = C.nvlink_latency_us * 1e-6      # s per ring step inside a server: NCCL's model
+ALPHA_NIC = C.nic_latency_us * 1e-6            # s per ring step across servers: NCCL's model
 NVLINK = C.intra_node_GBps * 1e9               # bytes/s per direction per H100
 NIC = C.inter_node_GBps * 1e9                  # bytes/s: one 400 Gb/s RoCE link per GPU
 BUCKET = 25e6                                  # a gradient bucket (ParallelConfig's default)
@@ -32,8 +32,10 @@ def _links() -> dict[str, Number]:
     roce = all_reduce_time(act, C.gpus_per_node, ALPHA_NIC, NIC)
     small = 2e6
     return {
-        "alpha_nvlink_us": assumed(C.nvlink_latency_us, "{:g} µs", source="cost model's cluster"),
-        "alpha_nic_us": assumed(C.nic_latency_us, "{:g} µs", source="cost model's cluster"),
+        "alpha_nvlink_us": measured(C.nvlink_latency_us, "{:g} µs", source="NCCL src/graph/tuning.cc: "
+                                    "an NVLink ring step, Simple protocol"),
+        "alpha_nic_us": measured(C.nic_latency_us, "{:g} µs", source="NCCL src/graph/tuning.cc: "
+                                 "a network ring step, Simple protocol"),
         "link_ratio": derived(NVLINK / NIC, "{:.0f}", source="450 GB/s / 50 GB/s"),
         "tp_act_mb": derived(act / 1e6, "{:.0f} MB", source="8K tokens x 16,384 x 2 bytes"),
         "tp_allreduce_nvlink_ms": derived(nv * 1e3, "{:.2f} ms", source="alpha-beta, TP8 NVLink"),
