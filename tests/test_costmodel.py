@@ -795,3 +795,13 @@ def test_each_rule_plot_places_the_three_worked_pairs_where_the_planner_put_them
     labels = [t.get_text() for t in figs.tp_rule().axes[0].texts]
     assert all(f"{k} TP{t}" in labels for k, t in tps.items())
     plt.close("all")
+
+
+def test_cli_says_where_the_rest_of_the_step_goes(capsys):
+    import re
+    code, out, _ = run_cli(capsys)
+    mfu = float(re.search(r"^MFU\s+([\d.]+) %", out, re.M).group(1))
+    line = next(x for x in out.splitlines() if x.startswith("the other"))
+    points = [float(v) for v in re.findall(r" ([\d.]+)(?:,|   \()", line)]
+    assert code == 0 and "(fits)" in out                    # the paper's FSDP: Table 4 fits
+    assert mfu + sum(points) == pytest.approx(100, abs=0.5)

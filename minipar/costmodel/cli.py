@@ -23,7 +23,7 @@ from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
 from .planner import (MEMORY_HEADROOM, REMEDIES, binding_constraint, describe,
-                      limiting_term, plan)
+                      limiting_term, losses, plan)
 from .time import Estimate, estimate
 from .workload import Workload, make_workload
 
@@ -193,6 +193,9 @@ def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
         f"step time        {e.step_time_s:8.4g} s   ({e.tokens_per_s:,.0f} tokens/s)",
         f"bubble           {100 * e.bubble_fraction:6.1f} %",
         "time per step    " + ", ".join(f"{k} {v:.3g} s" for k, v in e.time_breakdown_s.items()),
+        f"the other {100 * (1 - e.mfu):.0f}%  " + ", ".join(
+            f"{k} {100 * v / e.step_time_s:.1f}" for k, v in losses(e).items() if v > 0)
+        + "   (points of the step each term costs: below peak, exposed, idle)",
         f"memory per GPU   {human_bytes(e.memory_gb_per_gpu * 1e9)} "
         + ("(fits)" if e.fits_memory else f"(DOES NOT FIT in {cluster.hbm_gb:g} GB)") + ": "
         + ", ".join(f"{k} {human_bytes(v * 1e9)}" for k, v in e.memory_breakdown_gb.items()),
