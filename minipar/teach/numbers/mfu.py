@@ -7,6 +7,7 @@ The published side of the table is `numbers.llama3`'s (`row<i>_mfu`, `row<i>_tfl
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 from ... import costmodel as cm
@@ -140,6 +141,22 @@ def _constants() -> dict[str, Number]:
     for name in cm.FRAMEWORKS:
         e = _table4(name)[0][1]
         out[f"row1_mfu_{name}"] = derived(e.mfu, "{:.1%}", f"costmodel.table4('{name}'), row 1")
+    for i, (row, e) in enumerate(slowest_kernels_table4(), 1):
+        out[f"slow_gap_{i}"] = derived(100 * (e.mfu - row.mfu), "{:.1f}",
+                                       "Table 4 under the llama3 stack with the slowest kernels measured")
+    return out
+
+
+def slowest_kernels_table4():
+    """Table 4 under Llama 3's stack but the slowest kernels measured: FlashAttention-2,
+    eager pointwise ops and loss (what the paper's unnamed kernels could at worst be)."""
+    slow = replace(cm.LLAMA3_EFFICIENCY, attention="flash2", elementwise=cm.constants.EAGER_ELEMENTWISE,
+                   cross_entropy="eager")
+    m, out = ModelConfig.preset(L405), []
+    for row in cm.TABLE4:
+        pc, precision, _ = cm.frameworks.apply(cm.FRAMEWORKS["llama3"], m, row.parallel())
+        out.append((row, cm.estimate(m, pc, seq_len=row.seq_len, global_batch_tokens=cm.TABLE4_BATCH_TOKENS,
+                                     precision=precision, efficiency=slow)))
     return out
 
 
