@@ -349,3 +349,22 @@ def test_code_lines_wrap_under_their_indent_and_copy_exactly():
     text = lambda html: re.sub(r"<[^>]+>", "", html)      # noqa: E731
     assert text(wrapped) == text(block)
     assert wrapped.count('class="line"') == 3 and "--indent:4ch" in wrapped
+
+
+# Claims an expert reading found wrong (issue 28's list), each with the chapter it was in:
+# corrected once, they must not come back.
+OLD_CLAIMS = {
+    "collectives.md": ["is largest for small $n$ and tends to a factor of two"],
+    "mfu.md": ["That is the reason DP\nis outermost", "is the explanation the paper gives",
+               "Megatron-LM counts half", "they are minipar"],
+    "cluster.md": ["is not rail-optimized {ev}`paper`"],
+    "tensor_parallel.md": ["never the activations"],
+    "intro.md": ["bytes counted by `CommLog`, memory and step times of the small runs are\nmeasured"],
+}
+
+
+def test_corrected_claims_stay_corrected():
+    for chapter, claims in OLD_CLAIMS.items():
+        text = (ROOT / "book" / chapter).read_text()
+        for claim in claims:
+            assert claim not in text, (chapter, claim)

@@ -19,7 +19,7 @@ from ...formulas.memory import activation_elements
 from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.schedules import stage_layer_counts
 from ...parallel.context_analysis import attention_work, contiguous_chunks
-from .core import Number, derived
+from .core import Number, derived, measured
 
 # A 7B-like model with full multi-head attention (every query head its own K/V head).
 MHA_7B = ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_dim=11008,
@@ -111,11 +111,11 @@ def _why_allgather(m: ModelConfig, row) -> dict[str, Number]:
         "gather_mb": derived(gather / 1e6, "{:.0f} MB", source="the forward all-gather, one layer"),
         "link_GBps": derived(link / 1e9, "{:.0f} GB/s", source="400 Gb/s x the bus bandwidth "
                              "nccl-tests report across nodes"),
-        "network_eff": Number(LLAMA3_EFFICIENCY.network_inter, "{:.0%}",
+        "network_eff": measured(LLAMA3_EFFICIENCY.network_inter, "{:.0%}",
                               source="costmodel.constants: nccl-tests bus bandwidth, 400 Gb/s NDR"),
         "gather_ms": derived(gather / link * 1e3, "{:.1f} ms"),
         "attention_tflop": derived(flops / 1e12, "{:.1f} TFLOP", source="4 (s/cp) s d heads/2"),
-        "attention_eff": Number(attention_Fps(s, cp) / LLAMA3_CLUSTER.peak_flops, "{:.0%}",
+        "attention_eff": measured(attention_Fps(s, cp) / LLAMA3_CLUSTER.peak_flops, "{:.0%}",
                                 source="costmodel.constants: cuDNN attention, measured (benchmarks/kernels)"),
         "attention_ms": derived(flops / attention_Fps(s, cp) * 1e3, "{:.0f} ms"),
         "gather_mha_ms": derived(gather_mha / link * 1e3, "{:.0f} ms",

@@ -161,9 +161,9 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
         "act_gb": derived(a / 1e9, "{:.2f} GB", "[8192, 16384] in bf16"),
         "tp_layer_gb": derived(tp_layer / 1e9, "{:.1f} GB", "formulas.tensor_parallel.tp_layer_bytes, TP8"),
         "tp_nvlink_ms": derived(tp_layer / (LLAMA3_CLUSTER.intra_node_GBps * 1e9 * link) * 1e3,
-                                "{:.0f} ms", "at 450 GB/s x the fitted network efficiency"),
-        "tp_nic_ms": derived(tp_layer / (LLAMA3_CLUSTER.inter_node_GBps * 1e9 * link) * 1e3,
-                             "{:.0f} ms", "at 50 GB/s x the fitted network efficiency"),
+                                "{:.0f} ms", "at 450 GB/s x NVLink's bus bandwidth fraction (nccl-tests)"),
+        "tp_nic_ms": derived(tp_layer / (LLAMA3_CLUSTER.inter_node_GBps * 1e9 * LLAMA3_EFFICIENCY.network_inter)
+                             * 1e3, "{:.0f} ms", "at 50 GB/s x the NIC's bus bandwidth fraction (nccl-tests)"),
         "kv_seq_gb": derived(kv_all / 1e9, "{:.2f} GB", "K and V of all 131,072 tokens, 8 KV heads"),
         "kv_gpu_mb": derived(kv_gpu / 1e6, "{:.1f} MB", "one GPU's K, V: s/16 tokens, 8/8 KV heads"),
         "pp_send_gb": derived(a / 1e9, "{:.2f} GB", "one boundary, one micro-batch, no SP"),
