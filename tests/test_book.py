@@ -360,6 +360,8 @@ OLD_CLAIMS = {
     "cluster.md": ["is not rail-optimized {ev}`paper`"],
     "tensor_parallel.md": ["never the activations"],
     "intro.md": ["bytes counted by `CommLog`, memory and step times of the small runs are\nmeasured"],
+    "data_parallel.md": ["each bucket reduce-scattered as soon as it is ready | $2\\frac{n-1}{n} G$"],
+    "fourd.md": ["TP moves $8 \\cdot \\frac{t-1}{t} \\cdot b s h$ activation bytes"],
 }
 
 
