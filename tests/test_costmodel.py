@@ -805,3 +805,9 @@ def test_cli_says_where_the_rest_of_the_step_goes(capsys):
     points = [float(v) for v in re.findall(r" ([\d.]+)(?:,|   \()", line)]
     assert code == 0 and "(fits)" in out                    # the paper's FSDP: Table 4 fits
     assert mfu + sum(points) == pytest.approx(100, abs=0.5)
+
+
+@pytest.mark.parametrize("argv", [["--zero", "1"], ["--zero=1"]])
+def test_an_explicit_zero_wins_over_the_framework_in_either_spelling(capsys, argv):
+    code, out, _ = run_cli(capsys, "--json", *argv)
+    assert code == 0 and json.loads(out)["parallel"]["zero"] == 1        # llama3's profile says 2

@@ -324,7 +324,8 @@ def main(argv=None) -> int:
                 args.notes.append(f"chose --framework {name} (the preset's own stack)")
             pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision)
         given = {k: getattr(parallel, k) for k, flag in (("zero", "--zero"), ("bucket_mb", "--bucket-mb"),
-                                                         ("tp_overlap", "--tp-overlap")) if flag in argv}
+                                                         ("tp_overlap", "--tp-overlap"))
+                 if any(a == flag or a.startswith(flag + "=") for a in argv)}
         e = estimate(model, pc.replace(**given), cluster, work.seq_len, global_batch=work.global_batch,
                      microbatch_size=work.microbatch_size, recompute=work.recompute,
                      precision=precision, efficiency=eff)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TABLE4_BATCH_TOKENS", "Constant", "CONSTANTS", "KERNELS", "KERNELS_FILE",
+__all__ = ["TABLE4_BATCH_TOKENS", "Constant", "CONSTANTS", "KERNELS", "KERNELS_FILE", "GEMM_TABLE",
            "Efficiency", "LLAMA3_EFFICIENCY", "CP_ATTENTION", "cp_attention_tflops", "STREAM_FRACTION", "CAUSAL_FRACTION",
            "EAGER_ELEMENTWISE", "FUSED_ELEMENTWISE", "GEMM_CURVE", "NCCL_LATENCY_US",
            "Precision", "BF16_MIXED", "FP32", "PRECISIONS", "MEASURED_PEAK_TFLOPS"]
@@ -49,37 +49,50 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
+# {(m, n, k): seconds} of every GEMM measured
+GEMM_TABLE = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
+
+
 def _layer_gemm_seconds(spec: dict) -> float:
     """Seconds of the measured GEMMs of one measured block (its 4 linears x 3 products)."""
-    table = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
     tp, h, d, t = spec["tp"], spec["dim"], spec["head_dim"], spec["tokens"]
     q, kv, f = spec["heads"] // tp, max(1, spec["kv"] // tp), spec["ffn"] // tp
     total = 0.0
     for d_in, d_out in ((h, (q + 2 * kv) * d), (q * d, h), (h, 2 * f), (f, h)):
-        total += table[(t, d_out, d_in)] + table[(t, d_in, d_out)] + table[(d_in, d_out, t)]
+        total += GEMM_TABLE[(t, d_out, d_in)] + GEMM_TABLE[(t, d_in, d_out)] + GEMM_TABLE[(d_in, d_out, t)]
     return total
 
 
+def _attention_curve(rows: list[dict]) -> tuple[int, list[float], list[float]]:
+    """(shortest length measured, log lengths, forward + backward TFLOP/s) of one kernel:
+    causal FLOPs (half the square), the backward counted as twice the forward."""
+    return (rows[0]["seq"], [math.log(r["seq"]) for r in rows],
+            [3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12 for r in rows])
+
+
+ATTENTION_CURVES = {kernel: _attention_curve(rows) for kernel, rows in KERNELS["attention"].items()}
+
+
 def attention_tflops(kernel: str, block: float) -> float:
-    """Measured forward + backward TFLOP/s (causal FLOPs: half the square; the backward
-    counted as twice the forward) of an attention kernel on `block`-token sequences,
+    """Measured TFLOP/s of an attention kernel on `block`-token sequences (`ATTENTION_CURVES`),
     interpolated in log(block) between the measured lengths, flat beyond them."""
-    rows = KERNELS["attention"][kernel]
-    xs = [math.log(r["seq"]) for r in rows]
-    ys = [3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12 for r in rows]
+    shortest, xs, ys = ATTENTION_CURVES[kernel]
     x = math.log(max(block, 1.0))
     if x <= xs[0]:
-        return ys[0] * block / rows[0]["seq"]          # shorter than measured: launch-bound
+        return ys[0] * block / shortest                # shorter than measured: launch-bound
     for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return ys[-1]
 
 
+CP_ATTENTION_TFLOPS = {kernel: _median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
+                       for kernel, ranks in CP_ATTENTION["ranks"].items()}
+
+
 def cp_attention_tflops(kernel: str) -> float:
     """Measured TFLOP/s of one all-gather CP rank's chunked attention (median over ranks)."""
-    ranks = CP_ATTENTION["ranks"][kernel]
-    return _median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
+    return CP_ATTENTION_TFLOPS[kernel]
 
 
 def _elementwise_bytes(spec: dict) -> float:

@@ -23,12 +23,19 @@ by the target's HBM bandwidth.
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .constants import (CAUSAL_FRACTION, GEMM_CURVE, KERNELS, MEASURED_HBM_TBps,
+from .constants import (CAUSAL_FRACTION, GEMM_CURVE, GEMM_TABLE, KERNELS, MEASURED_HBM_TBps,
                         MEASURED_PEAK_TFLOPS, STREAM_FRACTION, attention_tflops,
                         cp_attention_tflops)
 from .hardware import Cluster
 
-GEMM_TABLE = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
+
+def _median_per_logit(key: str) -> float:
+    per_logit = sorted(r[key] / (r["tokens"] * r["vocab"]) for r in KERNELS["cross_entropy"])
+    return per_logit[len(per_logit) // 2]
+
+
+# Seconds per logit of the loss, measured (fused, and eager fp32 op by op), on the H200
+CROSS_ENTROPY_S_PER_LOGIT = {"fused": _median_per_logit("fused_s"), "eager": _median_per_logit("eager_s")}
 
 
 def matmul_seconds(m: float, n: float, k: float, cluster: Cluster, dtype_bytes: int = 2) -> float:
@@ -113,10 +120,8 @@ def cross_entropy_seconds(tokens: float, vocab_shard: float, cluster: Cluster, k
     """The loss over a [tokens, vocab / tp] shard of logits, forward + backward: memory-bound,
     at the measured seconds per logit of the fused or eager (fp32, op by op) loss, scaled
     from the measuring GPU's HBM to the target's."""
-    key = {"fused": "fused_s", "eager": "eager_s"}[kind]
-    per_logit = sorted(r[key] / (r["tokens"] * r["vocab"]) for r in KERNELS["cross_entropy"])
-    rate = per_logit[len(per_logit) // 2]
-    return rate * tokens * vocab_shard * MEASURED_HBM_TBps * 1e12 / cluster.hbm_Bps
+    return (CROSS_ENTROPY_S_PER_LOGIT[kind] * tokens * vocab_shard
+            * MEASURED_HBM_TBps * 1e12 / cluster.hbm_Bps)
 
 
 def optimizer_seconds(params: float, cluster: Cluster) -> float:
