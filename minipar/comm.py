@@ -10,8 +10,10 @@ the collective, and the bytes this rank puts on the wire under the ring algorith
     reduce-scatter    (n-1)/n * S     (S = the full input)
     send                        S     (on the sender; the receiver sends nothing)
 
-Counting the algorithm's bytes (not whatever gloo does internally) is what lets the book's
-formulas and the measured numbers agree on CPU and on NCCL alike.
+What is measured here is which collectives run and their sizes; the wire bytes are derived
+from those by the ring formula (not from whatever gloo does internally), so one run reports
+the same numbers on CPU and on NCCL alike. What gloo really puts on the wire is measured by
+`wire.py`: the ring's bytes, except for its reduce-scatter, which sends twice as much.
 
 Every collective started with `async_op=True` returns a `Handle`: one type whose `wait()`
 returns the result, whatever the collective. The autograd-aware collectives built on these

@@ -173,8 +173,27 @@ def test_chapter_has_four_exercises_that_test_understanding(chapter):
     checks = exercises.exercises_of(chapter)
     assert len(checks) >= 4, f"{chapter}: {len(checks)} exercises, at least 4 wanted"
     deep = [c for c, kind in checks.items() if kind in DEEP_KINDS]
-    assert 2 * len(deep) >= len(checks), (f"{chapter}: only {len(deep)} of {len(checks)} "
-                                          f"exercises are predict/bug/implement/schedule")
+    assert len(deep) >= 3 and 2 * len(deep) >= len(checks), (
+        f"{chapter}: only {len(deep)} of {len(checks)} exercises are "
+        f"predict/bug/implement/schedule (at least 3, and half)")
+
+
+COUNT_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())}
+STATED_COUNT = re.compile(r"\b(\w+) (?:checked )?exercises\b|ends with (\w+),", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_stated_number_of_exercises_is_the_number_there_are(chapter):
+    """"Five exercises end the notebook" (the chapter) and "four checked exercises" (the
+    notebook's introduction) must count the checks the chapter registers."""
+    want = len(exercises.exercises_of(chapter))
+    notebook = "\n".join("".join(c["source"]) for c in _notebook(chapter) if c["cell_type"] == "markdown")
+    for where, text in (("book", (BOOK / f"{chapter}.md").read_text()), ("notebook", notebook)):
+        for m in STATED_COUNT.finditer(" ".join(text.split())):
+            word = next(g for g in m.groups() if g).lower()
+            if word in COUNT_WORDS:
+                assert COUNT_WORDS[word] == want, f"{chapter} {where}: {m.group(0)!r}, but {want} checks"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -357,11 +376,15 @@ OLD_CLAIMS = {
     "collectives.md": ["is largest for small $n$ and tends to a factor of two"],
     "mfu.md": ["That is the reason DP\nis outermost", "is the explanation the paper gives",
                "Megatron-LM counts half", "they are minipar"],
-    "cluster.md": ["is not rail-optimized {ev}`paper`"],
-    "tensor_parallel.md": ["never the activations"],
     "intro.md": ["bytes counted by `CommLog`, memory and step times of the small runs are\nmeasured"],
     "data_parallel.md": ["each bucket reduce-scattered as soon as it is ready | $2\\frac{n-1}{n} G$"],
-    "fourd.md": ["TP moves $8 \\cdot \\frac{t-1}{t} \\cdot b s h$ activation bytes"],
+    "fourd.md": ["TP moves $8 \\cdot \\frac{t-1}{t} \\cdot b s h$ activation bytes",
+                 "of a 405B block's compute"],
+    "llama3.md": ["what Llama 3 kept exactly, the\npaper does not list", "traffic that crosses pods gets a seventh",
+                  "llama3.attention_share_8k", "llama3.tp_nic_ms"],
+    "memory.md": ["$v = 8$"],
+    "tensor_parallel.md": ["never the activations", "{ref}`ch-mfu` fits to Table 4"],
+    "cluster.md": ["is not rail-optimized {ev}`paper`", "cluster.activation_MB"],
 }
 
 
@@ -370,3 +393,95 @@ def test_corrected_claims_stay_corrected():
         text = (ROOT / "book" / chapter).read_text()
         for claim in claims:
             assert claim not in text, (chapter, claim)
+
+
+# ------------------------------------------------------------------ one quantity, one key
+# A quantity several chapters state names itself (`Number.quantity`); the registry refuses
+# a second key for it, and the prose may state it only through that key: its words
+# (`QUANTITIES`) after any other number, within a few words, fail here.
+ROLE_OR_NUMERAL = re.compile(r"\{n\}`([\w.]+)`|" + NUMERAL.pattern)
+NEAR = 40                                   # characters between the number and the words
+
+
+def _sentences(path: Path):
+    """(first line, sentence) of the prose's paragraphs, with math and inline code blanked."""
+    paragraphs, last = [], -1
+    for i, line in prose_lines(path.read_text()):
+        if i != last + 1 or not line.strip():
+            paragraphs.append((i, []))
+        paragraphs[-1][1].append(line.strip())
+        last = i
+    for i, lines in paragraphs:
+        text = re.sub(r"\$[^$]+\$|(?<!\})`[^`]*`", " ", " ".join(lines))
+        for sentence in re.split(r"(?<=[.;!?])\s", text):
+            yield i, sentence
+
+
+def stated_elsewhere(path: Path, numbers: dict) -> list[str]:
+    """Where the page states a quantity with a number that is not the quantity's key."""
+    from minipar.teach.numbers.core import QUANTITIES, quantity_keys
+    keys, bad = quantity_keys(numbers), []
+    for i, sentence in _sentences(path):
+        for quantity, words in QUANTITIES.items():
+            for m in re.finditer(words, sentence):
+                before = [t for t in ROLE_OR_NUMERAL.finditer(sentence[:m.start()])
+                          if m.start() - t.end() <= NEAR]
+                if not before:
+                    continue
+                key, numeral = before[-1].group(1), before[-1].group(0)
+                own = keys[quantity]
+                if key != own and (key or numeral not in numbers[own].text()):
+                    bad.append(f"book/{path.name}:{i}: {quantity} stated by "
+                               f"{key or numeral!r}, not {own}: {sentence.strip()[:90]}")
+    return bad
+
+
+def test_a_quantity_is_stated_by_its_one_key():
+    numbers = all_numbers()
+    bad = [b for path in sorted(BOOK.glob("*.md")) for b in stated_elsewhere(path, numbers)]
+    assert not bad, "one quantity, one key:\n" + "\n".join(bad)
+
+
+def test_every_quantity_has_its_key():
+    from minipar.teach.numbers.core import QUANTITIES, quantity_keys
+    assert set(quantity_keys(all_numbers())) == set(QUANTITIES)
+
+
+def test_the_quantity_checks_can_fail(tmp_path):
+    from minipar.teach.numbers.core import Number, merge
+    with pytest.raises(ValueError, match="b.y and a.x both state"):
+        merge({"a": {"x": Number(16, quantity="state_bytes_per_param")},
+               "b": {"y": Number(18, quantity="state_bytes_per_param")}})
+    page = tmp_path / "x.md"
+    page.write_text("Adam keeps 16 bytes of state per parameter. With {n}`llama3.gpus`\nbytes of "
+                    "state per param too. But `x = 16` bytes of state per param is code.\n")
+    assert len(stated_elsewhere(page, all_numbers())) == 2
+
+
+# Two chapters' keys whose numbers read the same, with a unit ("7.3 TB", "14 µs"), are one
+# quantity stated twice unless they are listed here as different quantities that agree.
+COINCIDENT = {
+    frozenset({"context_parallel.long_stage_gb", "memory.row2_acts_gb", "hf.kv_long_GB"}):
+        "a CP16 stage's activations at 128K, row 2's activations, a 70B KV cache at 128K",
+    frozenset({"tensor_parallel.layer_weights_gb", "mfu.mem_params_gb"}):
+        "one layer's bf16 weights; row 1's weights per GPU (8 layers over TP8)",
+    frozenset({"data_parallel.first_bucket_mb", "failures.per_gpu_min"}):
+        "DDP's first bucket; the paper's smallest per-GPU checkpoint piece",
+    frozenset({"data_parallel.bucket_mb", "mfu.nanotron_bucket_mb"}):
+        "minipar's default bucket; nanotron's, from its own source",
+}
+
+
+def test_no_quantity_is_stated_under_two_keys():
+    numbers, by_text = all_numbers(), {}
+    for key, number in numbers.items():
+        text = number.text()
+        if re.match(r"[\d.,]+\s?[A-Za-zµ]", text) and "e+" not in text:
+            by_text.setdefault(text, set()).add(key)
+    twice = {frozenset(keys) for keys in by_text.values()
+             if len({key.split(".")[0] for key in keys}) > 1}
+    unexplained = [f"{' = '.join(sorted(k))} ({numbers[next(iter(k))].text()})"
+                   for k in twice - set(COINCIDENT)]
+    assert not unexplained, ("one quantity under two keys? refer to one, or list them in "
+                             "COINCIDENT with what each is:\n" + "\n".join(unexplained))
+    assert not set(COINCIDENT) - twice, "COINCIDENT lists numbers that no longer agree"

@@ -8,6 +8,7 @@ from minipar.config import ModelConfig
 from minipar.grid import AXES, ProcessGrid
 from minipar.teach.exercises import cluster as ex
 from minipar import placement as place
+from minipar import wire
 from verdicts import Wrong, judged, peeling
 
 
@@ -46,4 +47,6 @@ def test_exposed():
 def test_bytes_leaving_server_runs_one_step():
     local = local_param_count(ModelConfig.preset("tiny"), 2, 8, True, True)
     ring = wire_bytes("all_reduce", 2, 4 * local)      # fp32 gradients over DP 2
+    measured, axes = ex.leaving_bytes(2, 2, 2)          # rank 0's wire, dp and world added
+    assert axes == ["dp", "world"] and 0 <= measured - ring <= 3 * wire.HEADER_BYTES
     judged(ex.check_bytes_leaving_server, ring, 2 * ring)   # all-reduce counted twice

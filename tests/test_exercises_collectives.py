@@ -54,15 +54,40 @@ def test_ring_all_reduce_check():
 def test_predict_step_bytes_check():
     s = E.collectives.PREDICT_NUMEL * 4
     n = E.collectives.PREDICT_N
-    # reduce-scatter of S, all-gather back to S, all-reduce of S, one send of S
-    want = 2 * (n - 1) * s // n + 2 * (n - 1) * s // n + s
-    assert E.check_predict_step_bytes(want)           # runs on 4 gloo ranks
-    judged(E.check_predict_step_bytes, want, want - s, measured=want)   # forgot the send
+    # on gloo: a reduce-scatter of S is an all-reduce of S (2(n-1)/n S), the all-gather back
+    # to S, an all-reduce of S, one send of S
+    want = 2 * (n - 1) * s // n + (n - 1) * s // n + 2 * (n - 1) * s // n + s
+    assert E.check_predict_step_bytes(want)           # runs on 4 gloo ranks, reads the wire
+    ring = 4 * (n - 1) * s // n + s                   # the ring's count: CommLog's
+    judged(E.check_predict_step_bytes, want, want - s, Wrong(ring, "gloo"), measured=want)
 
 
-def test_bytes_check_hints():
-    judged(E.check_ring_allreduce_bytes, 2 * 7 * 2**30 // 8, Wrong(7 * 2**30 // 8, "phase"),
-           args=(8, 2**30))
+def bytes_sent(op, n, size):
+    """Written from the chapter's ring: per phase n-1 chunks of S/n; an all-reduce is two
+    phases; a send moves S; nothing moves with one rank or on a receive."""
+    if n == 1 or op == "recv":
+        return 0
+    if op == "send":
+        return size
+    return (2 if op == "all_reduce" else 1) * (n - 1) * size / n
+
+
+def test_bytes_sent_check_and_its_hints():
+    one_phase = lambda op, n, size: 0 if n == 1 else (n - 1) * size / n
+    n_not_n_minus_1 = lambda op, n, size: 0 if n == 1 else 2 * size
+    all_reduce_for_all = lambda op, n, size: 0 if n == 1 else 2 * (n - 1) * size / n
+    whole_tensor = lambda op, n, size: bytes_sent(op, n, size) * (n if op not in ("send", "recv") else 1)
+    recv_too = lambda op, n, size: size if op == "recv" and n > 1 else bytes_sent(op, n, size)
+    lonely = lambda op, n, size: bytes_sent(op, max(n, 2), size)
+    off_by_one = lambda op, n, size: bytes_sent(op, n, size) + 1
+    judged(E.check_bytes_sent, bytes_sent,
+           Wrong(one_phase, "one phase"), Wrong(n_not_n_minus_1, "n-1 steps, not n"),
+           Wrong(all_reduce_for_all, "an all-reduce's count"),
+           Wrong(whole_tensor, "not the whole tensor"), Wrong(recv_too, "a receive writes nothing"),
+           Wrong(lonely, "n = 1"), Wrong(off_by_one, "too high by 1 bytes"),
+           Wrong(lambda op, n, size: {}[op], "KeyError"))
+    message = E.check_bytes_sent(one_phase).message
+    assert "2(n-1)" not in message and "(n-1)/n" not in message      # a hint, not the formula
 
 
 # ------------------------------------------------------------ the ring figure plays the schedule

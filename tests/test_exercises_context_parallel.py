@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from minipar import wire
 from minipar.config import ModelConfig
 from minipar.formulas.context_parallel import cp_wire_bytes_per_step
 from minipar.parallel.context import merge, zigzag_chunks
@@ -28,15 +29,19 @@ def test_zigzag_fix_catches_the_shipped_bug_and_a_contiguous_split():
            contiguous_chunks, Wrong(lambda r, cp: (r, 2 * cp - r), "once"))
 
 
-def test_predict_cp_bytes_reports_the_ratio(fresh_attempts):
-    want = cp_wire_bytes_per_step(ModelConfig.preset("tiny"), 8, 32, 2, "allgather")
-    good = ex.check_predict_cp_bytes(want)
-    assert good and "= 1.0000" in good.message
+def test_predict_cp_bytes_is_measured_on_gloo(fresh_attempts):
+    ring = cp_wire_bytes_per_step(ModelConfig.preset("tiny"), 8, 32, 2, "allgather")
+    want = 3 * ring // 2        # gloo: the all-gather as the ring, the reduce-scatter an all-reduce
+    measured = ex.measured_cp_bytes()                  # 8 all-gathers and 8 reduce-scatters
+    assert 0 <= measured - want <= 16 * wire.HEADER_BYTES
+    good = ex.check_predict_cp_bytes(want)              # the run
+    assert good and "run / prediction" in good.message
     judged(ex.check_predict_cp_bytes, want, Wrong(want * 3, "more than a factor of 2 above"),
-           Wrong(want // 2, "reduce-scatter"))            # a first wild guess: no run; then a hint
-    again = ex.check_predict_cp_bytes(want * 4)           # a third try: the run
+           Wrong(ring, "Bytes on the wire, measured"), Wrong(ring // 2, "reduce-scatter"),
+           measured=measured)                           # a first wild guess: no run; then hints
+    again = ex.check_predict_cp_bytes(want * 4, measured=measured)      # a fourth try: the run
     assert again.ok is False and "run / prediction" in again.message
-    asked = ex.check_predict_cp_bytes(want * 3, reveal=True)
+    asked = ex.check_predict_cp_bytes(want * 3, measured=measured, reveal=True)
     assert asked.ok is False and "run / prediction" in asked.message
 
 

@@ -17,6 +17,28 @@ def global_mean_loss(model, x, y, global_tokens):
     return torch.nn.functional.cross_entropy(model(x), y, reduction="sum") / global_tokens
 
 
+def zero_bytes(n_params, n, zero, m, grad_bytes, param_bytes):
+    """Written from the chapter's table: one ring pass of the gradients g, of the weights p."""
+    g, p = (n - 1) / n * n_params * grad_bytes, (n - 1) / n * n_params * param_bytes
+    return [2 * g, g + p, m * g + p, m * (2 * p + g)][zero]
+
+
+def test_zero_bytes_check_and_its_hints():
+    def but(zero, wrong):
+        return lambda P, n, z, m, gb, pb: wrong(P, n, m, gb, pb) if z == zero else zero_bytes(P, n, z, m, gb, pb)
+    judged(E.check_zero_bytes, zero_bytes,
+           Wrong(but(1, lambda P, n, m, gb, pb: 2 * (n - 1) / n * P * gb + (n - 1) / n * P * pb), "all-reduce"),
+           Wrong(but(1, lambda P, n, m, gb, pb: (n - 1) / n * P * gb), "must come back"),
+           Wrong(but(0, lambda P, n, m, gb, pb: m * zero_bytes(P, n, 0, 1, gb, pb)), "once per step"),
+           Wrong(but(2, lambda P, n, m, gb, pb: zero_bytes(P, n, 2, 1, gb, pb)), "no full gradient"),
+           Wrong(but(3, lambda P, n, m, gb, pb: m * zero_bytes(P, n, 1, 1, gb, pb)), "needs the full weights again"),
+           Wrong(but(3, lambda P, n, m, gb, pb: zero_bytes(P, n, 3, m, gb, pb) + (n - 1) / n * P * pb),
+                 "no all-gather after the optimizer step"),
+           Wrong(lambda P, n, z, m, gb, pb: zero_bytes(P, n, z, m, pb, gb), "swapped"),
+           Wrong(lambda P, n, z, m, gb, pb: zero_bytes(P, max(n, 2), z, m, gb, pb), "n = 1"),
+           Wrong(lambda P, n, z, m, gb, pb: zero_bytes(P, n, z, m, gb, pb) * n / max(n - 1, 1), "n-1 chunks, not n"))
+
+
 def test_dp_loss_check():
     judged(E.check_dp_loss, global_mean_loss, dp_loss_buggy)
 
@@ -89,11 +111,13 @@ def test_predict_zero_bytes_check():
     from minipar.teach.exercises.data_parallel import PREDICT_ZERO
     psi = param_count(ModelConfig.preset("tiny"))
     n, m, g = PREDICT_ZERO["dp"], PREDICT_ZERO["microbatches"], 4 * psi
-    # ZeRO-2: a reduce-scatter of the gradients per micro-batch, one all-gather of the weights
-    want = m * (n - 1) * g // n + (n - 1) * g // n
-    assert E.check_predict_zero_bytes(want)                         # runs minipar's trainer
-    once = (n - 1) * g // n * 2                                     # ZeRO-1's: one reduce-scatter
-    judged(E.check_predict_zero_bytes, want, once, measured=want)
+    # ZeRO-2: a reduce-scatter of the gradients per micro-batch, one all-gather of the
+    # weights; on gloo a reduce-scatter sends what an all-reduce does, 2(n-1)/n G
+    want = m * 2 * (n - 1) * g // n + (n - 1) * g // n
+    assert E.check_predict_zero_bytes(want)                         # runs the trainer, reads the wire
+    ring = m * (n - 1) * g // n + (n - 1) * g // n                  # CommLog's count: the ring's
+    once = 2 * (n - 1) * g // n + (n - 1) * g // n                  # one reduce-scatter, ZeRO-1's
+    judged(E.check_predict_zero_bytes, want, Wrong(ring, "gloo"), once, measured=want)
 
 
 def _buckets_by_hand(sizes, bucket_mb):

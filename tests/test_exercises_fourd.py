@@ -8,11 +8,6 @@ from minipar.teach.exercises import fourd as ex
 from verdicts import Wrong, fresh_attempts, judged, peeling  # noqa: F401 (a fixture)
 
 
-def test_coords():
-    judged(ex.check_coords, {"tp": 0, "cp": 2, "pp": 14, "dp": 4}, {"tp": 0, "cp": 0, "pp": 0, "dp": 0},
-           args=(10_000, 8, 16, 16, 8))
-
-
 def test_dp_group():
     def right(rank, tp, cp, pp, dp):
         stride = tp * cp * pp

@@ -13,7 +13,7 @@ from minipar.parallel.tensor import apply_tensor_parallel
 from minipar.model import Transformer
 from minipar.teach.exercises import hf as ex
 from minipar.teach.figures.hf import TP_DIM
-from verdicts import Wrong, judged
+from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 
 def read_tp(sl, tp_dim, tp_rank, tp_size):
@@ -57,11 +57,23 @@ def test_initial_loss_runs_one_step():
     judged(ex.check_initial_loss, math.log(512), math.log(256))     # bytes, not the model's vocab
 
 
-def test_kv_cache_tokens():
-    m = ModelConfig.preset("llama3-70b")
-    free = 80e9 - 2 * 70_553_706_496 / 8
-    per_token = 2 * m.n_layers * (m.n_kv_heads // 8) * m.head_dim * 2
-    judged(ex.check_kv_cache_tokens, free / per_token, Wrong(free / per_token / 8, "n_kv_heads / tp"))
+def _kv_bytes(m, positions, dtype_bytes=4):
+    """The chapter's count: K and V of every layer and KV head, per position."""
+    return 2 * m.n_layers * m.n_kv_heads * m.head_dim * positions * dtype_bytes
+
+
+def test_kv_cache_bytes_is_what_generate_leaves(fresh_attempts):
+    m, (p, n) = ex.KV_MODEL, (12, 5)
+    right = _kv_bytes(m, p + n - 1)          # the last token picked is never run
+    judged(ex.check_kv_cache_bytes, right,
+           Wrong(_kv_bytes(m, p + n), "never run through the model"),
+           Wrong(right * m.n_heads // m.n_kv_heads, "KV heads"),
+           Wrong(_kv_bytes(m, p + n - 1, 2), "float32"),
+           Wrong(right // (p + n - 1), "one position's"))
+    assert ex.check_kv_cache_bytes(f"{right / 1024:g} KiB")           # a unit is read
+    assert ex.check_kv_cache_bytes(_kv_bytes(m, 20 + 3 - 1), prompt_len=20, new_tokens=3)
+    shown = ex.check_kv_cache_bytes(None, reveal=True)
+    assert shown.ok is None and f"{right:,} B" in shown.message
 
 
 def _tp_dims():

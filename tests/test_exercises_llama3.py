@@ -32,11 +32,19 @@ def test_rank_coords():
 
 
 def test_model_state_gb():
+    # 18 bytes: bf16 weights 2, fp32 gradients 4 (the paper's Section 3.3.2), master + m + v 12
     row, n = TABLE4[0], param_count(ModelConfig.preset("llama3-405b"))
-    judged(ex.check_model_state_gb, n * 16 / (row.tp * row.pp) / 1e9,
-           Wrong(n * 16 / row.gpus / 1e9, "DP replicates"), Wrong(n * 16 / (row.tp * row.pp) / 2**30, "GiB"))
-    judged(ex.check_model_state_gb, n * (4 + 12 / row.dp) / (row.tp * row.pp) / 1e9,
-           n * 16 / (row.tp * row.pp) / 1e9, zero1=True)
+    split = row.tp * row.pp
+    judged(ex.check_model_state_gb, n * 18 / split / 1e9,
+           Wrong(n * 16 / split / 1e9, "fp32"), Wrong(n * 18 / row.gpus / 1e9, "DP replicates"),
+           Wrong(n * 18 / split / 2**30, "GiB"))
+    judged(ex.check_model_state_gb, n * (6 + 12 / row.dp) / split / 1e9,
+           n * 18 / split / 1e9, Wrong(n * (4 + 12 / row.dp) / split / 1e9, "fp32"), zero1=True)
+
+
+def test_param_count_is_the_real_models():
+    for args in ex.PARAM_CASES:
+        assert ex.model_params(*args) == param_count(*args)
 
 
 def test_straddling_replicas():

@@ -30,5 +30,8 @@ def test_will_it_fit_enforces_the_budget():
            Wrong(dict(tp=8, pp=2), "over the budget"), Wrong(dict(tp=8, pp=4), "16 GPUs"))
 
 
-def test_bytes_per_param():
-    judged(ex.check_bytes_per_param, 18, Wrong(16, "16-bit"), Wrong(12, "optimizer state alone"))
+def test_bytes_per_param_runs_zero1(fresh_attempts):
+    measured = ex.measured_state_bytes_per_param()         # the real two-rank run
+    assert measured == 4 + 4 + 8 / 2                       # fp32 weight, gradient; half of m, v
+    judged(ex.check_bytes_per_param, 12, Wrong(16, "without ZeRO"), Wrong(18, "float32"),
+           Wrong(8, "run / prediction"), measured=measured)

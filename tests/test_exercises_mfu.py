@@ -1,23 +1,25 @@
 """The MFU chapter's checks accept the right answer, reject the typical wrong ones, and say
 "not answered" for None; the predict-then-run check runs minipar once (two forked ranks)."""
-from minipar import flops
+from minipar import flops, wire
 from minipar.config import ModelConfig
 from minipar.flops import param_count
 from minipar.teach.exercises import mfu as ex
-from verdicts import Wrong, judged
+from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 L405 = ModelConfig.preset("llama3-405b")
 
 
-def test_mfu_number():
-    tps = 2048 * 8192 / 12.6
-    right = flops.mfu(tps, L405, 8192, 989e12, 8192)
-    judged(ex.check_mfu, right, Wrong(100 * right, "fraction"), args=(L405, 8192, tps, 8192, 989e12))
-    assert ex.check_mfu(L405, 8192, tps, 8192, 989e12, f"{100 * right:.2f}%")     # a percentage is read
+def test_predict_step_flops_counts_the_real_model(fresh_attempts):
+    tiny, tokens = ModelConfig.preset("tiny"), ex.STEP["batch"] * ex.STEP["seq_len"]
+    palm = flops.flops_per_token(tiny, ex.STEP["seq_len"]) * tokens       # 6 N + 12 L h s
+    judged(ex.check_predict_step_flops, palm,
+           Wrong(flops.dense_flops_per_token(tiny) * tokens, "attention"),
+           Wrong(6 * param_count(tiny) * tokens, "lookup"), Wrong(palm / 3, "prediction"))
 
 
 def test_flops_per_token():
-    judged(ex.check_flops_per_token, flops.flops_per_token, lambda m, s: flops.dense_flops_per_token(m))
+    judged(ex.check_flops_per_token, flops.flops_per_token, lambda m, s: flops.dense_flops_per_token(m),
+           Wrong(lambda m, s: flops.dense_flops_per_token(m) + 6 * m.n_layers * m.dim * s, "torch counts"))
 
 
 def test_fixed_mfu():
@@ -26,8 +28,11 @@ def test_fixed_mfu():
     judged(ex.check_fixed_mfu, flops.mfu, ex.buggy_mfu, Wrong(half_fixed, "embedding"))
 
 
-def test_predict_dp_bytes_runs_minipar():
-    want = ex.dp_model_bytes()
+def test_predict_dp_bytes_is_measured_on_gloo(fresh_attempts):
+    ring = ex.dp_model_bytes()          # the cost model counts the ring: reduce-scatter + all-gather
+    want = 3 * ring // 2                # gloo's reduce-scatter is an all-reduce: twice the ring's
     measured = ex.dp_run_bytes()                  # the real two-rank run
-    assert measured == want
-    judged(ex.check_predict_dp_bytes, want, Wrong(2 * want, "0.5000"), measured=measured)   # an all-reduce's
+    assert 0 <= measured - want <= 5 * wire.HEADER_BYTES
+    judged(ex.check_predict_dp_bytes, want, Wrong(ring, "Bytes on the wire, measured"),
+           Wrong(2 * ring, "prediction"), measured=measured)        # an all-reduce on top
+    assert ex.check_predict_dp_bytes(want)        # the run itself, through the check

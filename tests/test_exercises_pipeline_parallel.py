@@ -3,13 +3,39 @@ message that says what the simulator saw, and no answer is "not answered yet".""
 from __future__ import annotations
 
 from minipar.parallel.schedules import make_schedule
-from minipar.teach.exercises import pipeline_parallel as ex
+from minipar.teach.exercises import core, pipeline_parallel as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 
-def test_bubble():
+def test_bubble(fresh_attempts):
     judged(ex.check_bubble, 3 / 11, Wrong(3 / 8, "idle over busy"), args=(4, 8))
     assert ex.check_bubble(4, 8, "27.27%")                    # a percentage is read as one
+
+
+def _afab_with_transfers(p, m, c, t_f=1.0, t_b=2.0):
+    """From the chapter's picture: the first micro-batch fills the pipeline across p - 1
+    boundaries, the last drains it back across them, each message taking c."""
+    idle = (p - 1) * (t_f + t_b + 2 * c)
+    return idle / (m * (t_f + t_b) + idle)
+
+
+def test_bubble_with_transfers_is_the_simulators(fresh_attempts):
+    kw = dict(args=(4, 8), schedule="afab", t_comm=0.5)
+    judged(ex.check_bubble, _afab_with_transfers(4, 8, 0.5),
+           Wrong(3 / 11, "without transfers"),                             # the plug-in answer
+           Wrong(_afab_with_transfers(4, 8, 0.25), "both passes"),
+           Wrong(9 / 36, "idle too"),                                    # waits left out
+           Wrong(0.5, "idle over busy"), **kw)
+    right = ex.check_bubble(4, 8, _afab_with_transfers(4, 8, 0.5), schedule="afab", t_comm=0.5)
+    assert "1F1B" in right.message                                  # and what 1F1B does there
+    core.ATTEMPTS.clear()
+    far = ex.check_bubble(4, 8, 0.9, schedule="afab", t_comm=0.5)   # first wild guess: hidden
+    assert far.ok is False and "factor of 2 above the simulated AFAB" in far.message
+    assert "0.333" not in far.message
+    shown = ex.check_bubble(4, 8, None, schedule="afab", t_comm=0.5, reveal=True)
+    assert shown.ok is None and "0.333333" in shown.message
+    for p, m in ((2, 4), (3, 6), (4, 2)):
+        assert ex.check_bubble(p, m, _afab_with_transfers(p, m, 1.0), schedule="afab", t_comm=1.0)
 
 
 def test_interleaved_bubble():

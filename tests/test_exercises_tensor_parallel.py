@@ -33,10 +33,24 @@ def _megatron(reduce_forward: bool):
 F, G = _megatron(False), _megatron(True)
 
 
-def test_allreduce_bytes():
-    size = 1 * 8192 * 16384 * 2
-    judged(ex.check_tp_allreduce_bytes, wire_bytes("all_reduce", 8, size), Wrong(size, "2(n-1)/n"),
-           args=(8, 1, 8192, 16384, 2))
+def tp_block_bytes(tokens, dim, tp, act_bytes, sp):
+    """Written from the chapter: f and g around attention and the MLP, forward and backward,
+    each summing a full [tokens, dim] tensor with a ring all-reduce (under SP a
+    reduce-scatter and an all-gather of it: the same bytes)."""
+    return 4 * 2 * (tp - 1) / tp * tokens * dim * act_bytes
+
+
+def test_tp_block_bytes_check_and_its_hints():
+    forward_only = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / 2
+    sp_half = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / (2 if sp else 1)
+    sharded = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / tp
+    elements = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / nb
+    n_not = lambda t, h, tp, nb, sp: 4 * 2 * t * h * nb
+    assert 4 * wire_bytes("all_reduce", 8, 8192 * 16384 * 2) == tp_block_bytes(8192, 16384, 8, 2, False)
+    judged(ex.check_tp_block_bytes, tp_block_bytes, Wrong(forward_only, "backward pass"),
+           Wrong(sp_half, "reduce-scatter and an all-gather"), Wrong(sharded, "full-size"),
+           Wrong(elements, "counts elements"), Wrong(n_not, "t-1 steps, not t"),
+           Wrong(lambda t, h, tp, nb, sp: tp_block_bytes(t, h, max(tp, 2), nb, sp), "t = 1"))
 
 
 def test_f_and_g_right_and_the_two_usual_mistakes():
@@ -58,7 +72,11 @@ def test_column_parallel_rejects_a_local_only_answer():
 
 
 def test_predict_tp_bytes_reports_the_ratio(fresh_attempts):
-    want = tp_wire_bytes_per_step(ModelConfig.preset("tiny"), 8, 32, 4, sp=True)
-    good = ex.check_predict_tp_bytes(want)
-    assert good and "= 1.0000" in good.message
-    judged(ex.check_predict_tp_bytes, want, Wrong(want // 2, "run / prediction"))   # within 2x: shown
+    tiny, t = ModelConfig.preset("tiny"), 4
+    ring = tp_wire_bytes_per_step(tiny, 8, 32, t, sp=True)        # the chapter's count: the ring's
+    # on gloo each of SP's 4L + 2 reduce-scatters of a [b, s, h] activation sends 2(t-1)/t of it
+    want = ring + (4 * tiny.n_layers + 2) * (t - 1) * (8 * 32 * tiny.dim * 4) // t
+    good = ex.check_predict_tp_bytes(want)                        # runs on 4 gloo ranks
+    assert good and "run / prediction" in good.message
+    judged(ex.check_predict_tp_bytes, want, Wrong(ring, "gloo"),
+           Wrong(want // 2, "run / prediction"))                  # within 2x: shown

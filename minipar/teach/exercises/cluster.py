@@ -10,7 +10,9 @@ from ...config import ParallelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER, Cluster
 from ...grid import AXES, ProcessGrid
 from ...config import TrainConfig
-from ...train import train
+from ...train import Trainer, train
+from ...wire import steps_by_axis
+from .collectives import WIRE_WHY
 from ... import placement as place
 from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, right,
                    wrong)
@@ -118,32 +120,36 @@ def check_exposed(exposed) -> Verdict:
 
 # ------------------------------------------------------------- bytes that leave a server
 @functools.cache
-def _rank0_comm(tp: int, dp: int) -> dict:
-    """CommLog's summary of rank 0 after one step of `tiny` (one run per layout)."""
-    out = train(TrainConfig(parallel=ParallelConfig(tp=tp, dp=dp), steps=1, progress=False))
-    return out["all"][0]["comm"]
+def _rank0_wire(tp: int, dp: int) -> dict:
+    """{axis: bytes} rank 0 wrote to its sockets in one step of `tiny` on gloo, each
+    collective measured on its own and filed under its axis (`wire.steps_by_axis`)."""
+    with steps_by_axis(Trainer):
+        out = train(TrainConfig(parallel=ParallelConfig(tp=tp, dp=dp), steps=1, progress=False))
+    return out["records"][-1]["wire"]
 
 
 def leaving_bytes(tp: int, dp: int, gpus_per_node: int) -> tuple[int, list[str]]:
-    """The wire bytes rank 0 sent in one step of `tiny` on every axis whose group leaves its
-    server (servers of `gpus_per_node`), and those axes."""
-    comm = _rank0_comm(tp, dp)
+    """The bytes rank 0 wrote in one step of `tiny` on every axis whose group leaves its
+    server (servers of `gpus_per_node`), and those axes. A rank's sends on an axis go to
+    peers of its group, so an axis's bytes leave the server when a peer is outside it: a
+    ring's next rank (all-reduce), or each peer in turn (gloo's all-gather of n = 2)."""
+    measured = _rank0_wire(tp, dp)
     grid = ProcessGrid(tp=tp, dp=dp)
     cluster = Cluster(gpus_per_node=gpus_per_node, pod_size=LLAMA3_CLUSTER.pod_size)
     leaving = sorted(a for a in ("tp", "dp", "world")
                      if any(place.link(0, r, cluster) != "NVLink" for r in grid.axes[a].ranks))
-    return sum(st["wire_bytes"] for axis in leaving for st in comm.get(axis, {}).values()), leaving
+    return sum(measured.get(axis, 0) for axis in leaving), leaving
 
 
 @exercise("cluster", "predict")
-def check_bytes_leaving_server(prediction, tp: int = 2, dp: int = 2,
-                               gpus_per_node: int = 2, reveal: bool = False) -> Verdict:
+def check_bytes_leaving_server(prediction, tp: int = 2, dp: int = 2, gpus_per_node: int = 2,
+                               measured: int | None = None, reveal: bool = False) -> Verdict:
     """Predict the wire bytes rank 0 sends per step over links that leave its server, for
-    `tiny` under --tp tp --dp dp on servers of `gpus_per_node`; then run one step and add
-    the bytes CommLog counted on every axis whose group leaves rank 0's server."""
-    return predicted(prediction, lambda: leaving_bytes(tp, dp, gpus_per_node)[0],
-                     "the bytes leaving the server", 1e-4,
-                     "the loss and gradient-norm scalars cross too: a few bytes", unit="B",
+    `tiny` under --tp tp --dp dp on servers of `gpus_per_node`, on gloo; then run one step
+    and add what rank 0 wrote to its sockets on every axis whose group leaves its server."""
+    run = (lambda: leaving_bytes(tp, dp, gpus_per_node)[0]) if measured is None else measured
+    return predicted(prediction, run, "the bytes leaving the server", 0.01,
+                     WIRE_WHY, unit="B",
                      reveal=reveal, details=lambda: " Axes that left the server: "
                                                     f"{leaving_bytes(tp, dp, gpus_per_node)[1]}.")
 

@@ -161,7 +161,8 @@ def hidden(what: str, guess: float, truth: float, unit: str, rel: float, why: st
 
 
 def predicted(prediction, measured, what: str, rel: float, why: str, unit: str = "",
-              reveal: bool = False, hints=(), details="") -> Verdict:
+              reveal: bool = False, hints=(), details="",
+              against: str = "what minipar measured") -> Verdict:
     """A predict-then-run exercise: the reader's prediction against a number minipar
     measures. `measured` is that number, or a function that runs minipar and returns it:
     called only once there is a prediction (or reveal=True), so an unanswered exercise runs
@@ -191,7 +192,7 @@ def predicted(prediction, measured, what: str, rel: float, why: str, unit: str =
     if _close(p, m, rel):
         return right(f"{report} (within {tolerance(rel)}: {why}).{details}")
     if not reveals(what, p, reveal, near(p, m)):
-        return hidden(what, p, m, unit, rel, why)
+        return hidden(what, p, m, unit, rel, why, against)
     return wrong(f"{report}; more than {tolerance(rel)} apart ({why}).{details}")
 
 

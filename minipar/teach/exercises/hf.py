@@ -1,7 +1,7 @@
 """The exercises of the hf chapter, checked (see core.py for how): the slice a TP rank reads
 from a safetensors file (on real gloo ranks, against `minipar.hf.read_piece`), the q/k
 permutation between Meta's and Hugging Face's RoPE layouts, the loss of a model just
-loaded, and how long a sequence a GPU's KV cache holds."""
+loaded, and the bytes the KV cache of a real generation holds."""
 from __future__ import annotations
 
 import functools
@@ -14,14 +14,14 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ... import hf
+from ... import generate as generation, hf
 from ...config import ModelConfig, ParallelConfig
-from ...model import apply_rope, rope_cos_sin
+from ...model import Transformer, apply_rope, rope_cos_sin
 from ...config import TrainConfig
 from ...train import train
-from ..numbers.hf import kv_bytes_per_token, kv_cache_tokens
+from ..numbers.hf import kv_bytes_per_token
 from .core import (BITWISE, Tolerance, Verdict, exercise, first_difference,
-                   function_given, number, on_ranks, predicted, right, wrong)
+                   function_given, on_ranks, predicted, right, wrong)
 
 ANGLES = Tolerance(1e-4, 1e-5, "minipar's rotation angles are float32 (pos x freq), the "
                    "rest float64")
@@ -157,19 +157,65 @@ def check_initial_loss(prediction, vocab: int = 512, reveal: bool = False) -> Ve
                      "above a uniform guess", reveal=reveal)
 
 
-# ------------------------------------------------------------- the KV cache of one GPU
-@exercise("hf", "number")
-def check_kv_cache_tokens(answer, model: str = "llama3-70b", tp: int = 8,
-                          hbm_bytes: float = 80e9) -> Verdict:
-    """Tokens whose bf16 KV cache fits on one GPU of `hbm_bytes` next to its bf16 TP shard
-    of the weights (KV heads split over the TP ranks)."""
-    m = ModelConfig.preset(model)
-    want = kv_cache_tokens(m, tp, hbm_bytes)
-    return number(answer, want, "the tokens in the KV cache", rel=1e-2, hints=[
-        (want / tp, "each GPU holds only its n_kv_heads / tp KV heads, not all of them."),
-        (2 * want, "a token stores K and V: two vectors per layer and KV head."),
-        (hbm_bytes / kv_bytes_per_token(m, tp), "the weights take their share of the GPU first."),
-    ])
+# ------------------------------------------------------------- the KV cache, measured
+# A small grouped-query model (head_dim = dim / n_heads = 16, three query heads per KV head),
+# run as minipar's reference model runs on a CPU: in float32.
+KV_MODEL = ModelConfig(n_layers=3, dim=96, n_heads=6, n_kv_heads=2, ffn_dim=192,
+                       vocab_size=256, name="kv-exercise")
+
+
+@functools.cache
+def measured_kv_cache(prompt_len: int, new_tokens: int) -> tuple[int, int]:
+    """Run `minipar.generate.generate` on KV_MODEL for a prompt of `prompt_len` tokens and
+    `new_tokens` new ones; return the bytes of every layer's cached K and V when it is done,
+    and how many positions the cache holds."""
+    caches = []
+
+    class Recorded(generation.KVCache):         # the real cache, remembered when it is made
+        def __init__(self, model):
+            super().__init__(model)
+            caches.append(self)
+
+    model = Transformer(KV_MODEL, seed=0).eval()
+    prompt = [int(t) for t in torch.randint(KV_MODEL.vocab_size, (prompt_len,),
+                                            generator=torch.Generator().manual_seed(0))]
+    original, generation.KVCache = generation.KVCache, Recorded
+    try:
+        out = list(generation.generate(model, prompt, new_tokens))
+    finally:
+        generation.KVCache = original
+    assert len(out) == new_tokens and len(caches) == 1
+    layers = caches[0].layers.values()
+    return sum(c.k.nbytes + c.v.nbytes for c in layers), caches[0].length
+
+
+@exercise("hf", "predict")
+def check_kv_cache_bytes(prediction, prompt_len: int = 12, new_tokens: int = 5,
+                         reveal: bool = False) -> Verdict:
+    """Predict the bytes of the KV cache once `minipar.generate.generate` has written
+    `new_tokens` tokens after a prompt of `prompt_len`, for KV_MODEL in float32 and a batch of
+    one sequence; the check runs that generation and adds up the cache's tensors."""
+    what = "the KV cache's bytes"
+    why = "a tensor's bytes are counted exactly"
+    if prediction is None and not reveal:
+        return predicted(None, 0.0, what, 1e-3, why, unit="B")
+    got, positions = measured_kv_cache(prompt_len, new_tokens)
+    per_token = got / positions
+    m = KV_MODEL
+    hints = [
+        (got * (positions + 1) / positions, "the last token generate picks is handed to you, "
+         "but never run through the model: which positions has the cache seen?"),
+        (got * m.n_heads / m.n_kv_heads, "the cache keeps only what attention reads again: "
+         "K and V of the KV heads, which the query heads share."),
+        (got / 2, "half of it: K and V are both kept, and the reference model computes in "
+         "float32 here (4 bytes a number), not bf16."),
+        (per_token, "that is one position's; the cache holds every position run so far."),
+    ]
+    details = (f" It holds {positions} positions, {per_token:,.0f} B each; the chapter's "
+               f"Llama 3 405B keeps {kv_bytes_per_token(ModelConfig.preset('llama3-405b')) / 1e6:.1f}"
+               " MB a token in bf16.")
+    return predicted(prediction, got, what, 1e-3, why, unit="B", reveal=reveal, hints=hints,
+                     details=details, against="what minipar's cache holds")
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

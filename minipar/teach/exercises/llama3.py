@@ -1,21 +1,27 @@
 """The exercises of the llama3 chapter (book/llama3.md), checked (see core.py for how).
 
-- `check_param_count` (implement): count a Llama's parameters from its shape;
+- `check_param_count` (implement): count a Llama's parameters from its shape, checked
+  against the tensors of the real model (`model.Transformer`, built on the meta device);
 - `check_rank_coords` (implement): a rank's (tp, cp, pp, dp) coordinates in the order
   [TP, CP, PP, DP], against `ProcessGrid`;
-- `check_model_state_gb` (number): the model state per GPU of Table 4's row 1;
+- `check_model_state_gb` (number): the model state per GPU of Table 4's row 1, from the
+  precision the paper states (fp32 gradients), not from a bytes-per-parameter given;
 - `check_straddling_replicas` (number): which of row 3's model replicas span two pods;
 - `check_predict_stage_params` (predict): the parameter bytes of the fullest GPU of a TP2
   PP2 run, predicted, then measured by running minipar.
 """
 from __future__ import annotations
 
+import torch
+
 from ...config import ModelConfig, ParallelConfig, TrainConfig
+from ...costmodel.constants import BF16_MIXED
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
 from ...flops import local_param_count
 from ...flops import param_count
 from ...grid import ProcessGrid
+from ...model import Transformer
 from ...placement import straddling_replicas
 from ...train import train
 from .core import Verdict, compare_calls, exercise, function_given, number, predicted, right, wrong
@@ -27,14 +33,20 @@ PARAM_CASES = [(ModelConfig(),), (ModelConfig(tie_embeddings=True),),
                (ModelConfig.preset("llama3-405b"),)]
 
 
+def model_params(model: ModelConfig) -> int:
+    """The parameters the real model holds: `Transformer(model)` built on the meta device
+    (shapes without storage, so even 405B costs nothing), each tied table counted once."""
+    with torch.device("meta"):
+        built = Transformer(model, seed=None)
+    return sum(p.numel() for p in built.parameters())    # parameters() yields a tied one once
+
+
 @exercise("llama3", "implement")
 def check_param_count(fn) -> Verdict:
-    """fn(model: ModelConfig) -> int, every parameter of the Llama `model`: per layer the
-    q, k, v, o projections (k and v have n_kv_heads x head_dim outputs), the SwiGLU's three
-    matrices and two RMSNorm weights; the embedding, the final norm and the output head
-    (shared with the embedding when model.tie_embeddings)."""
+    """fn(model: ModelConfig) -> int, every parameter of the Llama `model` from its fields,
+    compared with the parameters the real `Transformer(model)` holds, for four shapes."""
     return compare_calls(
-        fn, PARAM_CASES, param_count, 0.0,
+        fn, PARAM_CASES, model_params, 0.0,
         lambda args, got, want: _param_hint(args[0], got, want),
         "every parameter, for four shapes (GQA, tied embeddings, Llama 3 405B).",
         call=lambda args: f"fn({_name(args[0])})")
@@ -90,19 +102,27 @@ def check_rank_coords(fn) -> Verdict:
 
 @exercise("llama3", "number")
 def check_model_state_gb(answer, zero1: bool = False) -> Verdict:
-    """GB (1e9 bytes) of model state per GPU in Table 4 row 1 (TP8 PP16 DP64), at 16 bytes
-    per parameter (formulas.param_count of the 405B), split evenly over TP x PP; with
-    zero1=True the 12 bytes of fp32 master weights and Adam moments are also sharded over DP."""
-    row = TABLE4[0]
+    """GB (1e9 bytes) of model state per GPU in Table 4 row 1 (TP8 PP16 DP64), the 405B's
+    parameters split evenly over TP x PP, under the precision the paper states (bf16
+    weights, gradients accumulated and reduce-scattered in fp32, Adam with fp32 master
+    weights: `costmodel.constants.BF16_MIXED`); with zero1=True the optimizer state (master
+    weights and moments) is also sharded over DP."""
+    row, p = TABLE4[0], BF16_MIXED
     n = param_count(ModelConfig.preset("llama3-405b"))
     split = row.tp * row.pp
-    want = n * ((4 + 12 / row.dp) if zero1 else 16) / split / 1e9
+    held = p.param_bytes + p.grad_bytes                   # not sharded by ZeRO-1
+    per_param = held + p.optimizer_bytes / (row.dp if zero1 else 1)
+    want = n * per_param / split / 1e9
+    full = held + p.optimizer_bytes
+    bf16_grads = p.param_bytes + 2 + p.optimizer_bytes / (row.dp if zero1 else 1)
     what = "the model state per GPU" + (" with ZeRO-1" if zero1 else "")
     return number(answer, want, what, rel=5e-3, unit="GB", hints=[
-        (n * 16 / row.gpus / 1e9, "DP replicates the model: divide by TP x PP, not by every GPU."),
-        (n * 16 / row.tp / 1e9, "PP splits the layers too: divide by TP x PP."),
-        (n * 16 / split / 2**30, "GB here are 1e9 bytes, not GiB."),
-        (n * 4 / split / 1e9, "that is the bf16 weights and gradients only; Adam adds 12 bytes."),
+        (n * bf16_grads / split / 1e9, "that counts bf16 gradients; the paper says Llama 3 "
+                                       "accumulates and reduce-scatters them in fp32."),
+        (n * full / row.gpus / 1e9, "DP replicates the model: divide by TP x PP, not by every GPU."),
+        (n * full / row.tp / 1e9, "PP splits the layers too: divide by TP x PP."),
+        (n * per_param / split / 2**30, "GB here are 1e9 bytes, not GiB."),
+        (n * held / split / 1e9, "that is the weights and gradients only; Adam keeps more."),
     ])
 
 

@@ -3,20 +3,22 @@
 Predict a rank's activation bytes and let `ActivationMeter` measure them; find the bug in
 a recompute wrapper (checked at every step against no recomputation, parameter by
 parameter, and against a memory budget the check enforces); make Llama 3 70B fit an
-H100; count the bytes per parameter of mixed precision.
+H100; predict the model-state bytes per parameter of a ZeRO-1 run, then run it.
 """
 from __future__ import annotations
 
 import torch
 
-from ...config import ConfigError, ModelConfig, ParallelConfig
+from ...config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from ...costmodel.constants import BF16_MIXED
 from ...costmodel.memory import fullest_stage, memory_of_rank
 from ...costmodel.workload import layout_problems, make_workload
 from ...memory import ActivationMeter
+from ...flops import param_count
 from ...model import Transformer, cross_entropy_sum
+from ...train import train
 from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference,
-                   function_given, number, predicted, right, wrong)
+                   function_given, predicted, right, wrong)
 
 GIB = 2**30
 PREDICT_BATCH = (4, 32)        # sequences x tokens of the predict exercise
@@ -171,17 +173,32 @@ def check_will_it_fit(layout) -> Verdict:
     return right(f"the fullest GPU holds {gb:.1f} GB of {budget:.1f} GB (80 GiB).")
 
 
-@exercise("memory", "number")
-def check_bytes_per_param(answer) -> Verdict:
-    """Bytes per parameter of the model state under Llama 3's mixed precision, unsharded:
-    bf16 weights, fp32 gradients, fp32 master weights and Adam's two fp32 moments."""
-    p = BF16_MIXED
-    want = p.param_bytes + p.grad_bytes + p.optimizer_bytes
-    return number(answer, want, "the bytes per parameter", rel=1e-9, unit="B", hints=[
-        (16.0, "that is the ZeRO paper's 16, with 16-bit gradients; Llama 3 accumulates and "
-               "reduces its gradients in fp32."),
-        (12.0, "that is the optimizer state alone (master weights, m and v)."),
-        (14.0, "the optimizer keeps an fp32 master copy of the weights, besides m and v."),
+STATE_RUN = dict(dp=2, zero=1, global_batch=4, seq_len=32)   # tiny, fp32, one step
+
+
+def measured_state_bytes_per_param() -> float:
+    """Run `python -m minipar.train --dp 2 --zero 1` on `tiny` (fp32, one step) and return
+    the model state (parameters, gradients, optimizer state) of its fullest rank, counted
+    from the tensors by the step's `memory` record, per parameter of the model."""
+    pc = ParallelConfig(dp=STATE_RUN["dp"], zero=STATE_RUN["zero"])
+    run = train(TrainConfig(parallel=pc, global_batch=STATE_RUN["global_batch"],
+                            seq_len=STATE_RUN["seq_len"], steps=1, progress=False))
+    held = run["records"][-1]["memory"]
+    return (held["params"] + held["grads"] + held["optimizer"]) / param_count(ModelConfig.preset("tiny"))
+
+
+@exercise("memory", "predict")
+def check_bytes_per_param(prediction, measured: float | None = None, reveal: bool = False) -> Verdict:
+    """Predict the bytes of model state per parameter that one rank of
+    `python -m minipar.train --dp 2 --zero 1` holds (tiny, float32, AdamW); the check runs
+    one step on two gloo ranks (or takes `measured`) and reports run / prediction."""
+    return predicted(prediction, measured_state_bytes_per_param if measured is None else measured,
+                     "the model-state bytes per parameter", 1e-3,
+                     "the trainer counts the tensors a rank holds; every tensor of tiny halves evenly",
+                     unit="B", reveal=reveal, hints=[
+        (16.0, "that is the state without ZeRO: ZeRO-1 shards part of it over the DP ranks."),
+        (18.0, "that is Llama 3's mixed precision (bf16 weights, fp32 master copy); this run is "
+               "float32 throughout, with no separate master copy."),
     ])
 
 

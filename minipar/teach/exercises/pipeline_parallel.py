@@ -2,9 +2,10 @@
 
 Schedules are checked symbolically first, by the same functions that check minipar's own
 (`check_schedule`, `simulate`, `schedule_analysis.peak_in_flight`, and `p2p_plan`
-replayed with blocking sends by `schedule_analysis.check_p2p_plan`); a predict-then-run
-exercise then runs minipar's executor on real gloo ranks and compares its trace with the
-reader's prediction.
+replayed with blocking sends by `schedule_analysis.check_p2p_plan`). The predict-then-run
+exercises compare the reader's prediction with what minipar gives: the simulator, for a bubble
+the chapter does not compute (transfers that take time), and the executor on real gloo ranks,
+for the bubble a run measures.
 """
 from __future__ import annotations
 
@@ -21,19 +22,53 @@ from ...parallel.schedules import Action, ScheduleError, make_schedule, p2p_plan
 from ...config import TrainConfig
 from ...train import train
 from .core import (Verdict, compare_calls, exercise, function_given, hidden, near, number,
-                   reveals, right, wrong)
+                   predicted, reveals, right, wrong)
 from .units import read
 
 
-@exercise("pipeline_parallel", "number")
-def check_bubble(p: int, m: int, answer, schedule: str = "1f1b") -> Verdict:
-    """The bubble fraction of `schedule` with p stages and m micro-batches (t_b = 2 t_f)."""
-    want = simulate(make_schedule(schedule, p, m)).bubble_fraction
-    return number(answer, want, "the bubble fraction", rel=1e-3, hints=[
-        ((p - 1) / m, "that is idle over busy time; the fraction is idle over the whole "
-                      "area, makespan x ranks."),
-        ((p - 1) / (m + p), "nearly: the pipeline fills and drains over p-1 slots."),
-    ])
+# ----------------------------------------------------------------- predict, then simulate
+T_F, T_B = 1.0, 2.0            # the chapter's times: a backward takes twice a forward
+
+
+def simulated_bubble(p: int, m: int, schedule: str = "1f1b", t_comm: float = 0.0) -> float:
+    """The bubble fraction minipar's simulator gives `schedule` (t_f = 1, t_b = 2, and
+    `t_comm` for each message between ranks)."""
+    return simulate(make_schedule(schedule, p, m), T_F, T_B, 0.0, t_comm).bubble_fraction
+
+
+@exercise("pipeline_parallel", "predict")
+def check_bubble(p: int, m: int, prediction, schedule: str = "1f1b", t_comm: float = 0.0,
+                 reveal: bool = False) -> Verdict:
+    """Predict the bubble fraction of `schedule` with p stages and m micro-batches, a forward
+    taking 1, a backward 2 and each message between neighbouring ranks `t_comm`; the check
+    builds the schedule (`make_schedule`) and runs it in minipar's simulator (`simulate`)."""
+    what = "the bubble fraction"
+    if prediction is None and not reveal:
+        return predicted(None, 0.0, what, 1e-3, "")
+    truth = simulated_bubble(p, m, schedule, t_comm)
+    hints = [(truth / (1 - truth), "that is idle over busy time; the fraction is idle over "
+                                   "the whole area, makespan x ranks.")]
+    if t_comm:
+        free = simulate(make_schedule(schedule, p, m), T_F, T_B)      # the same, messages free
+        step = simulate(make_schedule(schedule, p, m), T_F, T_B, 0.0, t_comm).makespan
+        hints += [(free.bubble_fraction * free.makespan / step, "a rank waiting for a message "
+                   "is idle too: the transfers belong in the bubble, not only in the step."),
+                  (free.bubble_fraction, "that is the bubble without transfers: "
+                   "what does a message between stages add to the fill and the drain?"),
+                  (simulated_bubble(p, m, schedule, t_comm / 2), "the transfers count on both "
+                   "passes: the forwards fill the pipeline and the backwards drain it, and "
+                   "each crosses the stage boundaries.")]
+    details = ""
+    if t_comm and schedule != "1f1b":
+        other = simulated_bubble(p, m, "1f1b", t_comm)
+        details = (f" 1F1B, the same bubble without transfers, idles {other:.1%} here: in its "
+                   "steady state a rank's next backward must first come back from the stages "
+                   "after it, a message per boundary each way, and its short warm-up leaves "
+                   "it nothing to do meanwhile (Megatron's longer warm-up is for this).")
+    return predicted(prediction, truth, what, 1e-3,
+                     "the simulator times every action exactly", reveal=reveal,
+                     hints=[h for h in hints if abs(h[0] - truth) > 1e-9], details=details,
+                     against=f"the simulated {schedule.upper()}")
 
 
 @exercise("pipeline_parallel", "implement")

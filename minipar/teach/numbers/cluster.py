@@ -6,10 +6,9 @@ from ...config import ModelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER, collective_steps
 from ...costmodel.table4 import TABLE4
 from ...flops import param_count
-from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...placement import groups, ring_links, straddling_replicas
-from .core import Number, assumed, derived, measured, paper
+from .core import Number, derived, paper
 
 def _table4() -> dict[str, Number]:
     c, row1, row3 = LLAMA3_CLUSTER, TABLE4[0], TABLE4[2]
@@ -29,22 +28,12 @@ def _table4() -> dict[str, Number]:
 def _links() -> dict[str, Number]:
     """One TP all-reduce of Llama 3 405B's activation, inside a server and across one."""
     m, row1, c = ModelConfig.preset("llama3-405b"), TABLE4[0], LLAMA3_CLUSTER
-    size = row1.seq_len * m.dim * 2                          # [1, 8192, 16384] bf16
-    sent = wire_bytes("all_reduce", row1.tp, size)
     per_step = 4 * m.n_layers / row1.pp                      # 2 forward + 2 backward per layer
     tp4 = ProcessGrid(tp=4, pp=4, dp=2)
     cross = ring_links(tp4, "pp")
     return {
-        "activation_MB": derived(size / 2**20, "{:.0f} MiB", source="8K x 16,384 x 2 bytes"),
-        "tp_sent_MB": derived(sent / 2**20, "{:.0f} MiB", source="2(t-1)/t S"),
-        "tp_nvlink_ms": assumed(sent / (c.intra_node_GBps * 1e9) * 1e3, "{:.1f} ms",
-                                source="at NVLink's data-sheet 450 GB/s"),
-        "tp_nic_ms": derived(sent / (c.inter_node_GBps * 1e9) * 1e3, "{:.1f} ms",
-                             source="at the NIC's 50 GB/s"),
         "tp_per_stage": derived(per_step, "{:.0f}",
                                 source="4 all-reduces x 126 layers / 16 stages, per micro-batch"),
-        "nvlink_over_nic": assumed(c.intra_node_GBps / c.inter_node_GBps, "{:.0f}",
-                                   source="450 / 50 GB/s"),
         "tp4_pp_spine": Number(cross["spine"], source="tp 4 pp 4 dp 2: PP hops via the spine"),
         "tp4_pp_hops": Number(sum(cross.values()), source="all PP hops of that layout"),
         "rails": Number(c.gpus_per_node, source="one rail per GPU of a server"),
@@ -61,8 +50,6 @@ def _nccl() -> dict[str, Number]:
         "nccl_flows": paper(16, source="Section 3.3.1: 16 flows between two GPUs, not 1"),
         "dp_ring_steps": derived(ring, source="2(n-1), n = 64"),
         "dp_tree_steps": derived(int(tree), source="2 log2 n"),
-        "nic_latency_us": measured(us, "{:.0f} µs", source="NCCL's tuning model (src/graph/tuning.cc): "
-                                   "a network step of a ring, Simple protocol"),
         "dp_ring_latency_ms": derived(ring * us / 1e3, "{:.1f} ms", source="steps x latency"),
         "dp_tree_latency_ms": derived(tree * us / 1e3, "{:.2f} ms", source="steps x latency"),
         "bench_params": Number(param_count(ModelConfig.preset("llama3.2-1b")) / 1e9,

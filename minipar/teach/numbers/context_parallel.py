@@ -61,8 +61,7 @@ def _imbalance(seq: int, cp: int) -> float:
 
 def _wire(m: ModelConfig, row) -> dict[str, Number]:
     s, cp, tp = row.seq_len, row.cp, row.tp
-    block = 2 * (s // cp) * (m.n_kv_heads // tp) * m.head_dim * BF16_MIXED.act_bytes
-    out = {"kv_block_mb": derived(block / 1e6, "{:.1f} MB", source="2 s/cp (h_kv/tp) d, bf16")}
+    out = {}
     for impl in ("ring", "allgather", "ulysses"):
         out[f"{impl}_mb"] = derived(layer_bytes_per_rank(m, s, cp, tp, impl) / 1e6, "{:,.0f} MB",
                                     source="formulas.context_parallel.cp_wire_bytes_per_step")
@@ -109,8 +108,6 @@ def _why_allgather(m: ModelConfig, row) -> dict[str, Number]:
         "kv_values": derived(kv, source="2 x kv_heads x head_dim"),
         "q_over_kv": derived(q // kv, "{}"), "mha_over_kv": derived(2 * q // kv, "{}"),
         "gather_mb": derived(gather / 1e6, "{:.0f} MB", source="the forward all-gather, one layer"),
-        "link_GBps": derived(link / 1e9, "{:.0f} GB/s", source="400 Gb/s x the bus bandwidth "
-                             "nccl-tests report across nodes"),
         "network_eff": measured(LLAMA3_EFFICIENCY.network_inter, "{:.0%}",
                               source="costmodel.constants: nccl-tests bus bandwidth, 400 Gb/s NDR"),
         "gather_ms": derived(gather / link * 1e3, "{:.1f} ms"),

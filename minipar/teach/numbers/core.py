@@ -3,8 +3,14 @@
 Each chapter module defines `numbers() -> {key: Number}`, computed by the package's own
 functions (formulas, the cost model, the paper's table); the book's prose shows them with
 the `{n}` role (book/_ext/minipar_book.py), as `` {n}`llama3.gpus` ``: the module's name,
-a dot, the key. A key the registry lacks fails the build, so two chapters cannot state two
-values of one quantity, and a number that changes in the code changes on every page.
+a dot, the key. A key the registry lacks fails the build, and a number that changes in the
+code changes on every page.
+
+One quantity, one key. A key is one value, but two keys could still state one quantity
+(16 bytes per parameter in one chapter, 18 in another). A number that more than one
+chapter speaks of names its quantity (`QUANTITIES`); `merge` refuses a second key for it,
+and tests/test_book.py reads every chapter for the quantity's words next to a number that
+is not its key.
 
 Facts about Llama 3 say where they come from (`evidence`): the paper reports it, the book
 derives it from what the paper reports, or it is an assumption the book makes. The page
@@ -22,6 +28,17 @@ EVIDENCE = {
 }
 
 
+# The quantities more than one chapter states, and the words that state them in prose
+# (a regular expression, matched after a number in the same sentence).
+QUANTITIES = {
+    "state_bytes_per_param": r"bytes of (?:model )?state (?:per|for every|a) param",
+    "state_tb": r"(?:TB )?of model state",
+    "seq_activations": r"(?:for|over) (?:the whole stack|all (?:its )?layers)",
+    "tp_layer_network": r"on (?:a|the) network link|over (?:the network|RoCE)",
+    "llama3_virtual_stages": r"chunks per rank",
+}
+
+
 @dataclass(frozen=True)
 class Number:
     """A number the prose states: its value, how it is written, and where it comes from."""
@@ -29,41 +46,56 @@ class Number:
     fmt: str = "{:,}"            # str.format spec: "{:,}" 16,384; "{:.1f}" 38.1; "{:.0%}" 43%
     evidence: str | None = None  # a key of EVIDENCE, for facts about Llama 3
     source: str = ""             # the paper's table or section, or the function that computes it
+    quantity: str = ""           # a key of QUANTITIES when other chapters state it too
 
     def __post_init__(self):
         if self.evidence is not None and self.evidence not in EVIDENCE:
             raise ValueError(f"evidence {self.evidence!r} is not one of {sorted(EVIDENCE)}")
+        if self.quantity and self.quantity not in QUANTITIES:
+            raise ValueError(f"quantity {self.quantity!r} is not one of {sorted(QUANTITIES)}")
 
     def text(self) -> str:
         return self.fmt.format(self.value)
 
 
-def paper(value, fmt: str = "{:,}", source: str = "") -> Number:
+def paper(value, fmt: str = "{:,}", source: str = "", quantity: str = "") -> Number:
     """A number the Llama 3 paper reports (say where: "Table 4", "Section 3.3.4")."""
-    return Number(value, fmt, "paper", source)
+    return Number(value, fmt, "paper", source, quantity)
 
 
-def derived(value, fmt: str = "{:,}", source: str = "") -> Number:
+def derived(value, fmt: str = "{:,}", source: str = "", quantity: str = "") -> Number:
     """A number this book derives from the paper's (say from what)."""
-    return Number(value, fmt, "derived", source)
+    return Number(value, fmt, "derived", source, quantity)
 
 
-def measured(value, fmt: str = "{:,}", source: str = "") -> Number:
+def measured(value, fmt: str = "{:,}", source: str = "", quantity: str = "") -> Number:
     """A hardware constant of the cost model and the measurement it comes from."""
-    return Number(value, fmt, "measured", source)
+    return Number(value, fmt, "measured", source, quantity)
 
 
-def assumed(value, fmt: str = "{:,}", source: str = "") -> Number:
+def assumed(value, fmt: str = "{:,}", source: str = "", quantity: str = "") -> Number:
     """A number this book assumes where the paper is silent (say why)."""
-    return Number(value, fmt, "assumption", source)
+    return Number(value, fmt, "assumption", source, quantity)
 
 
 def merge(modules: dict[str, dict[str, Number]]) -> dict[str, Number]:
-    """{"module.key": Number} from each module's numbers(); keys are unique by construction."""
-    out = {}
+    """{"module.key": Number} from each module's numbers(). Keys are unique by construction;
+    a quantity named by two keys is an error that names both."""
+    out, owner = {}, {}
     for module, numbers in modules.items():
         for key, number in numbers.items():
             if not isinstance(number, Number):
                 raise TypeError(f"{module}.{key} is {type(number).__name__}, not a Number")
-            out[f"{module}.{key}"] = number
+            name = f"{module}.{key}"
+            if number.quantity in owner:
+                raise ValueError(f"{name} and {owner[number.quantity]} both state the quantity "
+                                 f"{number.quantity!r}: one key per quantity, refer to the first")
+            if number.quantity:
+                owner[number.quantity] = name
+            out[name] = number
     return out
+
+
+def quantity_keys(numbers: dict[str, Number]) -> dict[str, str]:
+    """{quantity: the one key that states it}."""
+    return {n.quantity: key for key, n in numbers.items() if n.quantity}

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...config import ModelConfig
-from ...costmodel.table4 import TABLE4
 from ...flops import param_count
 from .core import Number, derived
 
@@ -26,14 +25,12 @@ def kv_cache_tokens(m: ModelConfig, tp: int, hbm_bytes: float) -> float:
 
 
 def numbers() -> dict[str, Number]:
-    m, row1 = ModelConfig.preset("llama3-405b"), TABLE4[0]
+    m = ModelConfig.preset("llama3-405b")
     weights = BF16 * param_count(m)
-    replica = row1.tp * row1.pp
     long_seq = 128 * 1024
     per_token = kv_bytes_per_token(m)
     return {
         "weights_GB": derived(weights / 1e9, "{:.0f} GB", source="2 bytes x 405.9e9"),
-        "rank_GB": derived(weights / replica / 1e9, "{:.1f} GB", source="/ (TP 8 x PP 16)"),
         "head_dim": derived(m.head_dim, source="16,384 / 128 heads"),
         "kv_per_token": derived(int(per_token / BF16), source="2 L h_kv d numbers"),
         "kv_token_MB": derived(per_token / 1e6, "{:.1f} MB", source="in bf16"),

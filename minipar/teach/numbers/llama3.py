@@ -2,15 +2,14 @@
 facts, each with where it comes from (see core.py)."""
 from __future__ import annotations
 
-import math
 
 from ...config import ModelConfig
-from ...costmodel.constants import BF16_MIXED, LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS
+from ...costmodel.constants import BF16_MIXED, TABLE4_BATCH_TOKENS
 from ...costmodel.hardware import LLAMA3_CLUSTER
 from ...costmodel.table4 import TABLE4
-from ...flops import attention_flops_per_token, dense_flops_per_token
 from ...formulas.context_parallel import cp_kv_bytes
 from ...formulas.data_parallel import dp_bytes
+from ...formulas.memory import layer_saved_elements
 from ...flops import layer_param_count, param_count
 from ...formulas.tensor_parallel import tp_layer_bytes
 from ...formulas.collectives import wire_bytes
@@ -65,8 +64,6 @@ def _facts() -> dict[str, Number]:
 
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
-STATE_BYTES = 16          # mixed-precision Adam: bf16 weight + grad, fp32 master + 2 moments
-KORTHIKANTI_BYTES = 34    # bytes per token and hidden unit a GPT layer keeps (no TP, fused attention)
 HBM_GB = 80              # the paper's "80GB HBM3" (the cost model uses its 80 GiB)
 TYPICAL_MFU = 0.4
 TRAIN_TOKENS = 15.6e12    # Section 3.1.1 ... "15.6T tokens"
@@ -104,10 +101,6 @@ def _model_size(m: ModelConfig) -> dict[str, Number]:
         "param_count": derived(n, source="flops.param_count"),
         "matmul_params_b": derived(param_count(m, embeddings=False) / 1e9, "{:.2f} billion",
                                    "flops.param_count(embeddings=False)"),
-        "state_tb": derived(n * STATE_BYTES / 1e12, "{:.1f} TB", "16 bytes per parameter"),
-        "state_gpus": derived(math.ceil(n * STATE_BYTES / (HBM_GB * 1e9)),
-                              source="16 N bytes / 80 GB"),
-        "state_bytes": assumed(STATE_BYTES, source="bf16 weight + grad, fp32 master + Adam moments"),
         "hbm_gb": paper(HBM_GB, "{} GB", source="Section 3.3.1: 80GB HBM3"),
         "gpu_watts": paper(700, "{} W", source="Section 3.3.1: 700W TDP"),
         "peak_tflops": assumed(LLAMA3_CLUSTER.peak_tflops, "{:,.0f} TFLOP/s",
@@ -116,12 +109,13 @@ def _model_size(m: ModelConfig) -> dict[str, Number]:
 
 
 def _activations(m: ModelConfig, seq: int) -> dict[str, Number]:
-    """One sequence's activations, by Korthikanti et al.'s 34 s h bytes per layer."""
-    layer = KORTHIKANTI_BYTES * seq * m.dim
+    """One sequence's activations in bf16, no split of a layer: the memory chapter's count."""
+    layer = layer_saved_elements(m) * seq * BF16_MIXED.act_bytes
     total = layer * m.n_layers
     return {
-        "act_layer_gb": derived(layer / 1e9, "{:.1f} GB", "34 s h bytes, s = 8,192"),
-        "act_seq_gb": derived(total / 1e9, "{:,.0f} GB", "34 s h bytes x 126 layers"),
+        "act_layer_gb": derived(layer / 1e9, "{:.1f} GB", "formulas.memory.layer_saved_elements, s = 8,192"),
+        "act_seq_gb": derived(total / 1e9, "{:,.0f} GB", "formulas.memory.layer_saved_elements x 126 layers",
+                              quantity="seq_activations"),
         "act_seq_gpus": derived(int(total / (HBM_GB * 1e9)), source="/ 80 GB"),
     }
 
@@ -130,8 +124,6 @@ def _compute(m: ModelConfig) -> dict[str, Number]:
     """How long the run's arithmetic takes: 6 N D, on one GPU and on the cluster."""
     row2, peak = TABLE4[1], LLAMA3_CLUSTER.peak_flops
     total = 6 * param_count(m) * TRAIN_TOKENS
-    att = attention_flops_per_token(m, row2.seq_len) / dense_flops_per_token(m)
-    att_long = attention_flops_per_token(m, TABLE4[2].seq_len) / dense_flops_per_token(m)
     return {
         "train_tokens_t": paper(TRAIN_TOKENS / 1e12, "{:.1f} trillion", "Section 3: 15.6T tokens"),
         "train_flops": paper(3.8e25, "{:.1e}", "Section 3.2.1: 3.8 x 10^25 FLOPs"),
@@ -142,8 +134,6 @@ def _compute(m: ModelConfig) -> dict[str, Number]:
                                     "6ND / (40% of peak)"),
         "cluster_days": derived(total / (row2.gpus * row2.tflops_per_gpu * 1e12) / 86400, "{:.0f}",
                                 "6ND / (16,384 GPUs x 400 TFLOP/s)"),
-        "attention_share_8k": derived(att, "{:.0%}", "12 L h s / 6 N at 8K"),
-        "attention_ratio_128k": derived(att_long, "{:.1f}", "12 L h s / 6 N at 128K"),
     }
 
 
@@ -154,7 +144,6 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
     seq = row2.seq_len
     a = seq * m.dim * act                                   # one [s, h] activation in bf16
     tp_layer = tp_layer_bytes(seq, m.dim, row2.tp, act)
-    link = LLAMA3_EFFICIENCY.network
     kv_heads = m.n_kv_heads // row3.tp
     kv_all = cp_kv_bytes(row3.seq_len, m.n_kv_heads, m.head_dim, act)
     kv_gpu = cp_kv_bytes(row3.seq_len // row3.cp, kv_heads, m.head_dim, act)
@@ -163,10 +152,6 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
     return {
         "act_gb": derived(a / 1e9, "{:.2f} GB", "[8192, 16384] in bf16"),
         "tp_layer_gb": derived(tp_layer / 1e9, "{:.1f} GB", "formulas.tensor_parallel.tp_layer_bytes, TP8"),
-        "tp_nvlink_ms": derived(tp_layer / (LLAMA3_CLUSTER.intra_node_GBps * 1e9 * link) * 1e3,
-                                "{:.0f} ms", "at 450 GB/s x NVLink's bus bandwidth fraction (nccl-tests)"),
-        "tp_nic_ms": derived(tp_layer / (LLAMA3_CLUSTER.inter_node_GBps * 1e9 * LLAMA3_EFFICIENCY.network_inter)
-                             * 1e3, "{:.0f} ms", "at 50 GB/s x the NIC's bus bandwidth fraction (nccl-tests)"),
         "kv_seq_gb": derived(kv_all / 1e9, "{:.2f} GB", "K and V of all 131,072 tokens, 8 KV heads"),
         "kv_gpu_mb": derived(kv_gpu / 1e6, "{:.1f} MB", "one GPU's K, V: s/16 tokens, 8/8 KV heads"),
         "pp_send_gb": derived(a / 1e9, "{:.2f} GB", "one boundary, one micro-batch, no SP"),
@@ -174,7 +159,6 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
         "layers_per_stage": derived(m.n_layers / row2.pp, "{:.1f}", "126 / 16"),
         "dp_local_b": derived(local / 1e9, "{:.1f} billion", "N / (TP x PP)"),
         "dp_rs_gb": derived(local * 4 / 1e9, "{:.1f} GB", "fp32 gradients"),
-        "dp_ag_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16 weights"),
         "dp_step_gb": derived(dp / 1e9, "{:.0f} GB", "formulas.data_parallel.dp_bytes, ZeRO-1, DP128"),
         "weights_per_gpu_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16, N / (TP x PP)"),
     }

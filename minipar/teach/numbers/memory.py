@@ -107,13 +107,13 @@ def _precision() -> dict[str, Number]:
                             "and reduce-scatter in FP32"),
         "optimizer_bytes": assumed(p.optimizer_bytes, source="fp32 master weights and Adam's "
                                    "two fp32 moments: the usual mixed precision; not in the paper"),
-        "bytes_per_param": derived(per_param, source="2 + 4 + 12"),
+        "bytes_per_param": derived(per_param, source="2 + 4 + 12", quantity="state_bytes_per_param"),
         "zero_paper_bytes": Number(2 + 2 + 12, source="ZeRO's accounting: fp16 weights and "
                                    "gradients, fp32 master weights, m, v"),
         "bf16_stall": Number(bf16_stall(), source="torch, bfloat16 addition"),
         "bf16_mantissa_bits": Number(round(-math.log2(torch.finfo(torch.bfloat16).eps)),
                                      source="bfloat16's stored mantissa bits: eps = 2^-7"),
-        "unsharded_tb": derived(per_param * n / 1e12, "{:.1f} TB",
+        "unsharded_tb": derived(per_param * n / 1e12, "{:.1f} TB", quantity="state_tb",
                                 source="18 bytes x 405B parameters, before any sharding"),
         "fp8_scale_bound": paper(1200, source="Section 6.2: dynamic scaling factors upper-bounded"),
     }
@@ -122,7 +122,6 @@ def _precision() -> dict[str, Number]:
 def _budget() -> dict[str, Number]:
     rows = budgets()
     out = {
-        "hbm_gb_paper": paper(HBM_GIB, "{} GB", source="Section 3.3.1: H100 80GB HBM3"),
         "hbm_gib": assumed(HBM_GIB, "{} GiB", source="an H100's 80 GB are binary: nvidia-smi "
                            "shows 81,559 MiB"),
         "hbm_gb": derived(HBM_GIB * GIB / 1e9, "{:.1f} GB", source="80 GiB in decimal GB"),

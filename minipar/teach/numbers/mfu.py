@@ -40,7 +40,6 @@ def _row(i: int, row, e) -> dict[str, Number]:
         p + "tflops_model": derived(e.tflops_per_gpu, "{:.0f} TFLOP/s", src),
         p + "bubble_frac": derived(e.bubble_fraction, "{:.1%}", src + ", formulas.pipeline_parallel.bubble_fraction"),
         p + "microbatches": derived(e.microbatches, "{:,}", "16M tokens / (DP x seq)"),
-        p + "memory_gb": derived(e.memory_gb_per_gpu, "{:.1f} GB", src + ", ZeRO-1, no recomputation"),
         p + "tokens_per_s": derived(e.tokens_per_s, "{:,.0f}", src),
         p + "gap_pts": derived(100 * abs(e.mfu - row.mfu), "{:.1f}", "|predicted - published| MFU"),
         p + "mfu_exact": derived(row.tflops_per_gpu / cm.LLAMA3_CLUSTER.peak_tflops, "{:.1%}",
@@ -130,8 +129,8 @@ def _constants() -> dict[str, Number]:
                "attention.cudnn_8k": "{:.0f} TFLOP/s", "attention.flash2_cp_chunk": "{:.0f} TFLOP/s",
                "attention.cudnn_cp_chunk": "{:.0f} TFLOP/s", "hbm.stream_fraction": "{:.0%}",
                "elementwise.eager": "{:.1f}", "nvlink.busbw_fraction": "{:.0%}",
-               "nic.busbw_fraction": "{:.0%}", "gemm.table": "{:.0f}", "nccl.net_step": "{:g} µs",
-               "nccl.nvlink_step": "{:g} µs", "nccl.base_latency": "{:g} µs"}
+               "nic.busbw_fraction": "{:.0%}", "gemm.table": "{:.0f}",
+               "nccl.base_latency": "{:g} µs"}     # its steps: collectives.alpha_*
     out = {name.replace(".", "_"): measured(c[name].value, fmt, c[name].source)
            for name, fmt in formats.items()}
     out["n_constants"] = Number(len(c), source="python -m minipar.costmodel constants")

@@ -50,7 +50,8 @@ def _llama3_numbers() -> dict[str, Number]:
     b1, b2 = (bubble_fraction("interleaved", row1.pp, m, v) for m in (m1, m2))
     return {
         "stage_layers": derived(" or ".join(map(str, counts)), "{}", "split_layers(126, 16)"),
-        "llama_v": assumed(v, "{}", "(126 + 2) layers / 16 stages: one layer per chunk"),
+        "llama_v": assumed(v, "{}", "(126 + 2) layers / 16 stages, reading a chunk as one layer: "
+                           "the paper gives no v", quantity="llama3_virtual_stages"),
         "llama_m1": derived(m1, "{}", "2,048 sequences / DP 64, one per micro-batch"),
         "llama_m2": derived(m2, "{}", "2,048 sequences / DP 128"),
         "llama_bubble1": derived(b1, "{:.1%}", "(p-1)/(v m+p-1)"),

@@ -17,8 +17,6 @@ from ...costmodel.time import estimate
 from ...flops import flops_per_token
 from ...formulas.data_parallel import dp_bytes
 from ...flops import layer_param_count, param_count
-from ...formulas.memory import layer_saved_elements
-from ...formulas.tensor_parallel import tp_layer_bytes
 from ...formulas.collectives import wire_bytes
 from .core import Number, derived
 
@@ -28,10 +26,9 @@ GB = 1e9
 def _why_not_data_parallel(m: ModelConfig) -> dict[str, Number]:
     """Data parallelism alone on Llama 3 405B: the batch caps the ranks, one sequence's
     activations overflow a GPU, and ZeRO-3 moves the whole model per sequence."""
-    row1, act = TABLE4[0], BF16_MIXED.act_bytes
+    row1 = TABLE4[0]
     seq = row1.seq_len
     n = param_count(m)
-    saved = layer_saved_elements(m) * seq * act * m.n_layers           # one sequence, no TP
     zero3 = dp_bytes(n, TABLE4_BATCH_TOKENS // seq, zero=3, microbatches=1,
                      grad_bytes=BF16_MIXED.grad_bytes, param_bytes=BF16_MIXED.param_bytes)
     zero3_s = zero3 / (LLAMA3_CLUSTER.inter_node_GBps * GB)
@@ -40,8 +37,6 @@ def _why_not_data_parallel(m: ModelConfig) -> dict[str, Number]:
     return {
         "layer_params_b": derived(layer_param_count(m) / 1e9, "{:.1f}", "flops.layer_param_count"),
         "layer_weights_gb": derived(layer_param_count(m) * BF16_MIXED.param_bytes / GB, "{:.1f} GB", "bf16"),
-        "seq_activations_gb": derived(saved / GB, "{:,.0f} GB", "formulas.memory.layer_saved_elements x 126 layers"),
-        "hbm_gib": derived(LLAMA3_CLUSTER.hbm_gb * GB / 2**30, "{:.0f} GiB", "LLAMA3_CLUSTER.hbm_gb"),
         "zero3_tb": derived(zero3 / 1e12, "{:.1f} TB", "formulas.data_parallel.dp_bytes(zero=3), one sequence"),
         "zero3_s": derived(zero3_s, "{:.0f} s", "at one 400 Gb/s NIC, " + src),
         "seq_compute_s": derived(compute_s, "{:.0f} s", "6N + 12Lhs FLOPs at row 1's 430 TFLOP/s"),
@@ -71,16 +66,11 @@ def _llama3_tp(m: ModelConfig) -> dict[str, Number]:
     row1, act = TABLE4[0], BF16_MIXED.act_bytes
     a = row1.seq_len * m.dim * act                                   # one [1, s, h] activation
     inside, across = _row1_estimates()
-    reported_step = TABLE4_BATCH_TOKENS * flops_per_token(m, row1.seq_len) / (
-        row1.gpus * row1.tflops_per_gpu * 1e12)
     # Row 1's own step, compute and TP time are numbers.mfu's (row1_step_s, ...); here the
     # shares and the what-if with TP across servers, from the same estimate call.
     cm = "cost model (costmodel.estimate), Table 4 row 1"
     return {
-        "act_mb": derived(a / 1e6, "{:.0f} MB", "[1, 8192, 16384] in bf16"),
         "allreduce_mb": derived(wire_bytes("all_reduce", row1.tp, a) / 1e6, "{:.0f} MB", "ring, t = 8"),
-        "layer_wire_gb": derived(tp_layer_bytes(row1.seq_len, m.dim, row1.tp, act) / GB, "{:.1f} GB",
-                            "formulas.tensor_parallel.tp_layer_bytes"),
         "microbatches": derived(inside.microbatches, "{:,}", "2,048 sequences / DP 64"),
         "layers_per_gpu": derived(m.n_layers / row1.pp, "{:.3g}", "126 layers / PP 16"),
         "tp_share": derived(inside.time_breakdown_s["tp"] / inside.time_breakdown_s["compute"],
@@ -89,7 +79,6 @@ def _llama3_tp(m: ModelConfig) -> dict[str, Number]:
         "roce_tp_share": derived(across.time_breakdown_s["tp"] / across.time_breakdown_s["compute"],
                                  "{:.0%}", cm + ", TP across servers"),
         "roce_step_s": derived(across.step_time_s, "{:.1f} s", cm + ", TP across servers"),
-        "reported_step_s": derived(reported_step, "{:.1f} s", "16M tokens x 6N+12Lhs / (8,192 x 430 TFLOP/s)"),
     }
 
 
