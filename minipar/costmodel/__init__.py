@@ -10,12 +10,13 @@ The package, in reading order:
 
     hardware   the cluster: peak, HBM, the network hierarchy; a collective's alpha-beta time
     gpus       the GPU data sheets by name (--gpu h100), any field overridable
-    constants  the measured constants, each with its source (data/kernels_h200.json), the precisions
+    constants  the measured constants (data/kernels_h200.json), the stacks' efficiencies, the precisions
+    kernels    compute of a micro-batch: measured GEMMs and attention, memory-bound by bytes
+    catalog    every constant the model takes as given, with its source (`... constants`)
     frameworks what each software stack does (llama3, megatron, nanotron, deepspeed)
     workload   the batch and micro-batches; every rule a layout must obey
     memory     what the most loaded GPU holds (parameters, gradients, optimizer, activations)
     wire       the bytes each GPU sends per step, by axis, as CommLog counts them
-    kernels    compute of a micro-batch: measured GEMMs and attention, memory-bound by bytes
     exposure   what each axis's communication costs once overlap is counted
     time       the step time and MFU: `estimate`
     table4     Llama 3's Table 4 and our prediction of each row
@@ -44,8 +45,9 @@ from ..formulas.data_parallel import dp_bytes, zero_padded_numel
 from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_layer_bytes, tp_norm_bytes
 from ..formulas.collectives import wire_bytes as ring_bytes
 from .cli import build_parser, config_from_args, format_estimate, human_bytes, main
-from .constants import (BF16_MIXED, CAUSAL_FRACTION, CONSTANTS, FP32, LLAMA3_EFFICIENCY, PRECISIONS,
-                        TABLE4_BATCH_TOKENS, Constant, Efficiency, Precision)
+from .catalog import CONSTANTS, Constant
+from .constants import (BF16_MIXED, CAUSAL_FRACTION, FP32, LLAMA3_EFFICIENCY, PRECISIONS,
+                        TABLE4_BATCH_TOKENS, Efficiency, Precision)
 from .frameworks import FRAMEWORKS, Framework, framework
 from .hardware import (LLAMA3_CLUSTER, Cluster, axis_group, axis_seconds, dp_group_span,
                        group_bandwidth_GBps)

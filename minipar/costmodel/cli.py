@@ -17,7 +17,8 @@ from dataclasses import replace
 
 from ..cli import Chosen, Parser, add_flags
 from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
-from .constants import CONSTANTS, LLAMA3_EFFICIENCY, PRECISIONS
+from .catalog import CONSTANTS
+from .constants import LLAMA3_EFFICIENCY, PRECISIONS
 from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster

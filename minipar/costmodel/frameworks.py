@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..config import ConfigError, ModelConfig, ParallelConfig, unknown
-from .constants import BF16_MIXED, EAGER_ELEMENTWISE, LLAMA3_EFFICIENCY, Efficiency, Precision
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
 from .exposure import fsdp_unit_mb
+from .kernels import EAGER_ELEMENTWISE
 
 
 @dataclass(frozen=True)

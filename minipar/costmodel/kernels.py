@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .constants import (CAUSAL_FRACTION, GEMM_CURVE, GEMM_TABLE, KERNELS, MEASURED_HBM_TBps,
-                        MEASURED_PEAK_TFLOPS, STREAM_FRACTION, attention_tflops,
+                        MEASURED_PEAK_TFLOPS, STREAM_FRACTION, median, attention_tflops,
                         cp_attention_tflops)
 from .hardware import Cluster
 
@@ -128,3 +128,34 @@ def optimizer_seconds(params: float, cluster: Cluster) -> float:
     """Adam on `params` parameters: memory-bound, reading fp32 weight, gradient, m and v
     and writing weight, m, v and the bf16 copy: about 30 bytes per parameter."""
     return stream_seconds(30.0 * params, cluster)
+
+
+# ---------------------------------------------------------------- the pointwise factor
+# How many times the bytes counted above an implementation's norms, RoPE, SwiGLU and adds
+# really move: whole eager PyTorch blocks were timed on the measuring GPU; what their GEMMs
+# and attention do not explain, over what `elementwise_seconds` gives their pointwise bytes,
+# is the factor (`Efficiency.elementwise`). Derived with this file's own formulas, on the
+# GPU the blocks ran on.
+MEASURING_GPU = Cluster(name="H200 (data/kernels_h200.json)", peak_tflops=MEASURED_PEAK_TFLOPS,
+                        hbm_TBps=MEASURED_HBM_TBps)
+
+
+def _measured_block(spec: dict) -> ModelConfig:
+    return ModelConfig(dim=spec["dim"], n_heads=spec["heads"], n_kv_heads=spec["kv"],
+                       ffn_dim=spec["ffn"], max_seq_len=spec["seq"], name=spec["model"])
+
+
+def pointwise_factor(blocks: list[dict], kernel: str = "flash2") -> float:
+    """Median over measured blocks of (block - its matmuls - its attention) seconds over
+    their pointwise kernels' seconds at factor 1."""
+    gpu, out = MEASURING_GPU, []
+    for spec in blocks:
+        m, tokens, tp = _measured_block(spec), spec["tokens"], spec["tp"]
+        matmuls = sum(f + b for f, b in layer_matmul_seconds(m, tokens, tp, gpu).values())
+        attention = attention_seconds(m, tokens, spec["seq"], 1, tp, gpu, kernel)
+        out.append((spec["fwd_bwd_s"] - matmuls - attention)
+                   / elementwise_seconds(m, tokens, tp, False, gpu))
+    return median(out)
+
+
+EAGER_ELEMENTWISE = pointwise_factor(KERNELS["layers"])

@@ -149,7 +149,7 @@ def _constants() -> dict[str, Number]:
 def slowest_kernels_table4():
     """Table 4 under Llama 3's stack but the slowest kernels measured: FlashAttention-2,
     eager pointwise ops and loss (what the paper's unnamed kernels could at worst be)."""
-    slow = replace(cm.LLAMA3_EFFICIENCY, attention="flash2", elementwise=cm.constants.EAGER_ELEMENTWISE,
+    slow = replace(cm.LLAMA3_EFFICIENCY, attention="flash2", elementwise=cm.kernels.EAGER_ELEMENTWISE,
                    cross_entropy="eager")
     m, out = ModelConfig.preset(L405), []
     for row in cm.TABLE4:
