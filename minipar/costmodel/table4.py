@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig, ParallelConfig
 from .constants import TABLE4_BATCH_TOKENS
-from .exposure import fsdp_unit_mb
+from .frameworks import LLAMA3, apply
 from .hardware import LLAMA3_CLUSTER
 from .time import Estimate, estimate
 
@@ -31,11 +31,10 @@ class Table4Row:
         (v = 128 / 16 = 8: "the first model chunk on the first stage has only the
         embedding"), sequence parallelism, all-gather context parallelism. What FSDP does
         (fp32 gradients sharded and reduce-scattered per micro-batch, one layer's unit at
-        a time) is the framework's (`frameworks.LLAMA3`), applied by `table4`."""
-        model = ModelConfig.preset("llama3-405b")
-        return ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=2, sp=True,
-                              schedule="interleaved", virtual_stages=8, cp_impl="allgather",
-                              bucket_mb=fsdp_unit_mb(model, self.tp))
+        a time) is the paper's stack's (`frameworks.LLAMA3`), applied here."""
+        read = ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, sp=True,
+                              schedule="interleaved", virtual_stages=8, cp_impl="allgather")
+        return apply(LLAMA3, ModelConfig.preset("llama3-405b"), read)[0]
 
 
 TABLE4 = (
