@@ -544,9 +544,8 @@ def test_gemms_are_measured_or_follow_the_measured_curve():
 
 def test_collectives_pay_nccls_latency_model():
     from minipar.costmodel.constants import NCCL_LATENCY_US as lat
-    from minipar.costmodel.hardware import axis_seconds, collective_latency_s, collective_steps
+    from minipar.costmodel.hardware import axis_seconds, collective_latency_s
     c = cm.LLAMA3_CLUSTER
-    assert collective_steps("all_reduce", 8, inter_node=False) == 14            # ring: 2(n-1)
     # inside a server: base + 2(n-1) NVLink steps
     assert collective_latency_s("all_reduce", 8, 1, c) == pytest.approx(1e-6 * (lat["base"] + 14 * 3.4))
     # a ring over 64 servers: only the nodes - 1 crossings pay the network's step
@@ -554,6 +553,11 @@ def test_collectives_pay_nccls_latency_model():
     assert collective_latency_s("all_gather", 16, 2, c) == pytest.approx(1e-6 * (lat["base"] + 14 * 3.4 + 14.0))
     # an all-reduce across many servers is a tree: 2 log2(nodes) network steps
     assert collective_latency_s("all_reduce", 128, 128, c) == pytest.approx(1e-6 * (lat["base"] + 2 * 7 * 14.0))
+    # ... where a ring would cross servers 2 x 128 times (NCCL counts 2 nodes network steps
+    # and the rest, here -2, at NVLink's); all-gather has no tree in NCCL
+    ring = lat["base"] + (254 - 256) * 3.4 + 256 * 14.0
+    assert collective_latency_s("all_reduce", 128, 128, c, "ring") == pytest.approx(1e-6 * ring)
+    assert collective_latency_s("all_gather", 128, 128, c) == pytest.approx(1e-6 * (lat["base"] + 127 * 14.0))
     pc = ParallelConfig(tp=8, pp=16, dp=64)
     one = axis_seconds(1e6, "tp", pc, c, 1.0, "all_reduce", 1)
     assert one == pytest.approx(1e6 / 450e9 + collective_latency_s("all_reduce", 8, 1, c))
@@ -706,16 +710,13 @@ def test_playbook_shapes_match_their_names():
 def test_rails_ring_algorithms_stage_pace_and_drain():
     """The physics added for the calibration rows (issue 13), each by hand."""
     from minipar.costmodel.exposure import pipeline_drain_seconds
-    from minipar.costmodel.hardware import collective_steps, rail_members
+    from minipar.costmodel.hardware import rail_members
     from minipar.costmodel.workload import nanotron_split, stage_loads
     c = cm.LLAMA3_CLUSTER
     # rails: a TP16 group fills two servers and crosses on all 8 NICs; Llama 3's DP on one
     assert rail_members(c, 1, 16) == 8 and rail_members(c, 128, 64) == 1
     assert cm.group_bandwidth_GBps(c, 1, 16, 512) == min(c.intra_node_GBps, 8 * c.inter_node_GBps)
     assert cm.group_bandwidth_GBps(c, 128, 64, 8192) == c.inter_node_GBps
-    # NCCL: trees only for all-reduce; all-gather and reduce-scatter stay rings across servers
-    assert collective_steps("all_reduce", 128, True) == 2 * 7
-    assert collective_steps("all_gather", 128, True) == collective_steps("reduce_scatter", 128, True) == 127
     # nanotron's split of 80 layers + head on 16 ranks: every layer once, the head last, max 6
     m80 = cm.PLAYBOOK_MODELS["80B"]
     split = nanotron_split(m80, 16)

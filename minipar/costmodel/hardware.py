@@ -121,33 +121,17 @@ def axis_group(pc: ParallelConfig, axis: str) -> tuple[int, int, int | None]:
     return stride, size, None
 
 
-def collective_steps(op: str, n: int, inter_node: bool) -> float:
-    """Latency-bound steps of one collective over n ranks, by each level's algorithm.
-
-    Inside a server NCCL runs rings: an all-reduce is 2(n-1) steps, an all-gather or
-    reduce-scatter (or all-to-all) n-1. Across servers a ring's n-1 steps would each pay a
-    network round trip, so for an all-reduce NCCL switches to trees for large n: log2 n
-    steps up and down (the bandwidth term stays the ring's: double binary trees reach the
-    same bytes/s). All-gather and reduce-scatter have no tree in NCCL: they stay rings of
-    n-1 steps at any scale, which is what makes ZeRO's collectives over many servers
-    latency-bound when the buckets are small. A send is one step.
-    """
-    if n <= 1:
-        return 0.0
-    if op == "send":
-        return 1.0
-    tree = inter_node and op == "all_reduce"
-    per_pass = min(n - 1, math.ceil(math.log2(n))) if tree else n - 1
-    return 2.0 * per_pass if op == "all_reduce" else float(per_pass)
-
-
-def collective_latency_s(op: str, n: int, nodes: int, cluster: Cluster) -> float:
+def collective_latency_s(op: str, n: int, nodes: int, cluster: Cluster,
+                         algorithm: str | None = None) -> float:
     """Latency of one collective over n ranks on `nodes` servers, as NCCL's tuning model
     counts it (src/graph/tuning.cc, Ring/Simple): a base latency, then each of the ring's
     steps its link's latency; only the steps that cross servers pay the network's
     (nodes - 1 for an all-gather or reduce-scatter, 2 nodes for an all-reduce), the others
     NVLink's, but no less than the network's posting overhead once the ring leaves a server.
-    An all-reduce over many servers is a tree: 2 log2(nodes) network steps. A send: one step."""
+    Across many servers NCCL runs an all-reduce as a tree, 2 log2(nodes) network steps:
+    rings of n - 1 round trips would be latency-bound. All-gather and reduce-scatter have no
+    tree in NCCL: rings at any scale. A send: one step. `algorithm` ("ring" or "tree")
+    forces NCCL's choice, to compare the two."""
     if n <= 1:
         return 0.0
     lat = NCCL_LATENCY_US
@@ -156,7 +140,7 @@ def collective_latency_s(op: str, n: int, nodes: int, cluster: Cluster) -> float
     inter = cluster.nic_latency_us
     if op == "send":
         return 1e-6 * (inter if nodes > 1 else intra)
-    if op == "all_reduce" and nodes > 2:            # NCCL picks the tree at scale
+    if op == "all_reduce" and (algorithm or ("tree" if nodes > 2 else "ring")) == "tree":
         per_node = n // nodes
         return 1e-6 * (lat["base"] + 2 * ((per_node - 1) * intra + math.ceil(math.log2(nodes)) * inter))
     steps = 2 * (n - 1) if op == "all_reduce" else n - 1

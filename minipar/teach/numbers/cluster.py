@@ -2,8 +2,10 @@
 land on the cluster (`minipar.placement`)."""
 from __future__ import annotations
 
+import math
+
 from ...config import ModelConfig
-from ...costmodel.hardware import LLAMA3_CLUSTER, collective_steps
+from ...costmodel.hardware import LLAMA3_CLUSTER, collective_latency_s
 from ...costmodel.table4 import TABLE4
 from ...flops import param_count
 from ...grid import ProcessGrid
@@ -41,17 +43,17 @@ def _links() -> dict[str, Number]:
 
 
 def _nccl() -> dict[str, Number]:
-    """Latency-bound steps of one all-reduce over Table 4 row 1's DP group, ring or tree
-    (`costmodel.hardware.collective_steps`), at NCCL's own latency for a network step."""
+    """Latency of one all-reduce over Table 4 row 1's DP group (one GPU in each of n
+    servers), ring or tree, by NCCL's own model (`costmodel.hardware.collective_latency_s`)."""
     n, c = TABLE4[0].dp, LLAMA3_CLUSTER
-    ring, tree = 2 * (n - 1), collective_steps("all_reduce", n, inter_node=True)
-    us = c.nic_latency_us
+    ring, tree = 2 * (n - 1), 2 * math.ceil(math.log2(n))
+    ring_s, tree_s = (collective_latency_s("all_reduce", n, n, c, a) for a in ("ring", "tree"))
     return {
         "nccl_flows": paper(16, source="Section 3.3.1: 16 flows between two GPUs, not 1"),
         "dp_ring_steps": derived(ring, source="2(n-1), n = 64"),
         "dp_tree_steps": derived(int(tree), source="2 log2 n"),
-        "dp_ring_latency_ms": derived(ring * us / 1e3, "{:.1f} ms", source="steps x latency"),
-        "dp_tree_latency_ms": derived(tree * us / 1e3, "{:.2f} ms", source="steps x latency"),
+        "dp_ring_latency_ms": derived(ring_s * 1e3, "{:.1f} ms", source="NCCL's base + steps x latency"),
+        "dp_tree_latency_ms": derived(tree_s * 1e3, "{:.2f} ms", source="NCCL's base + steps x latency"),
         "bench_params": Number(param_count(ModelConfig.preset("llama3.2-1b")) / 1e9,
                                "{:.1f} billion", source="flops.param_count"),
     }
