@@ -10,8 +10,7 @@ from ...comm import all_gather, all_reduce, exchange, reduce_scatter
 from ...formulas.collectives import wire_bytes
 from ...grid import ProcessGrid
 from ...launch import run_local
-from ...train import Trainer, train
-from ...wire import GLOO_WIRE, HEADER_BYTES, WIRE_GRID, measure, measure_axes, sent_bytes
+from ...wire import GLOO_WIRE, HEADER_BYTES, WIRE_GRID, measure, measure_axes
 from .core import (Tolerance, Verdict, compare_calls, exercise, first_difference, on_ranks,
                    predicted)
 
@@ -203,31 +202,12 @@ def wire_table(per_rank: list[list[dict]]) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------- a training step's wire
-def _step_on_the_wire(real):
-    def step(self, step: int) -> dict:
-        before = sent_bytes()
-        rec = real(self, step)
-        return {**rec, "wire": sent_bytes() - before}
-    return step
-
-
-def train_on_the_wire(cfg) -> dict:
-    """`train(cfg)`, each step's record carrying "wire": the bytes the rank wrote to its
-    sockets during the step, every axis together (run one axis at a time to read one axis)
-    plus the loss's and gradient norm's scalar all-reduces and gloo's headers. The trainer
-    does not know `wire` (its core stays lean): the ranks are forked from this process, so
-    they inherit `Trainer.step` wrapped here."""
-    real = Trainer.step
-    Trainer.step = _step_on_the_wire(real)
-    try:
-        return train(cfg)
-    finally:
-        Trainer.step = real
-
-
-WIRE_WHY = (f"the wire also carries gloo's headers, under {HEADER_BYTES // 1000} KB per collective, "
-            "and the step's scalar all-reduces")
+# ---------------------------------------------------------------- what a check tells
+HEADERS_WHY = f"the wire also carries gloo's headers, under {HEADER_BYTES // 1000} KB per collective"
+WIRE_WHY = HEADERS_WHY + ", and the step's scalar all-reduces"
+RING_NOT_GLOO = ("that is what the ring would send; the step runs on gloo. The collectives "
+                 "chapter's 'Bytes on the wire, measured' shows where gloo's algorithm is not "
+                 "the ring's.")
 
 
 # ---------------------------------------------------------------- predict, then run
@@ -267,12 +247,7 @@ def check_predict_step_bytes(prediction, measured: int | None = None, reveal: bo
     on 4 gloo ranks and compare with what the rank wrote to its sockets (`wire.measure`)."""
     return predicted(prediction, measured_step_bytes if measured is None else measured,
                      "the bytes one rank sent", rel=0.01, unit="B", reveal=reveal,
-                     why=f"the wire also carries gloo's headers, under {HEADER_BYTES // 1000} KB "
-                         "per collective", hints=[
-        (_ring_step_bytes(), "that is what the ring would send; the step runs on gloo. The "
-                             "section 'Bytes on the wire, measured' shows where gloo's "
-                             "algorithm is not the ring's."),
-    ])
+                     why=HEADERS_WHY, hints=[(_ring_step_bytes(), RING_NOT_GLOO)])
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

@@ -26,7 +26,8 @@ from ...parallel.context_analysis import attention_work, contiguous_chunks
 from ...parallel.regions import gather_from_group
 from ...config import TrainConfig
 from ...train import Trainer, train
-from ...wire import HEADER_BYTES, steps_by_axis
+from ...wire import steps_by_axis
+from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .core import (FLOAT32, Tolerance, Verdict, at, exercise, first_difference, function_given, number,
                    on_ranks, predicted, right, wrong)
 
@@ -207,7 +208,6 @@ def check_zigzag_fix(layout) -> Verdict:
 
 
 # ----------------------------------------------------------------- predict, then run
-HEADERS_WHY = f"the wire also carries gloo's headers, under {HEADER_BYTES // 1000} KB per collective"
 
 
 def measured_cp_bytes(**run) -> int:
@@ -233,9 +233,7 @@ def check_predict_cp_bytes(prediction, measured: int | None = None, reveal: bool
                      "the bytes on the cp axis", rel=0.02, why=HEADERS_WHY, unit="B", reveal=reveal,
                      hints=[(ring / 2, "that is the forward's all-gather alone: its backward, a "
                                        "reduce-scatter of dK and dV, sends too."),
-                            (ring, "that is what the ring would send; the step runs on gloo. The "
-                                   "collectives chapter's 'Bytes on the wire, measured' shows "
-                                   "where gloo's algorithm is not the ring's.")])
+                            (ring, RING_NOT_GLOO)])
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_zigzag_chunks"]

@@ -11,7 +11,9 @@ from ...config import TrainConfig
 from ...config import ModelConfig
 from ...formulas.collectives import wire_bytes
 from ...flops import param_count
-from .collectives import WIRE_WHY, diagnosed, train_on_the_wire
+from ...train import Trainer, train
+from ...wire import steps_by_axis
+from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
                    function_given, on_ranks, predicted, right, wrong)
 
@@ -245,10 +247,10 @@ PREDICT_ZERO = dict(dp=4, zero=2, microbatches=2)   # `tiny`, float32, 2 micro-b
 
 def measured_zero_bytes() -> int:
     """One step of `python -m minipar.train --dp 4 --zero 2 --microbatches 2 --steps 1`: the
-    bytes rank 0 put on the wire (its write counter; the run has no axis but dp)."""
-    out = train_on_the_wire(TrainConfig(parallel=ParallelConfig(**PREDICT_ZERO), steps=1,
-                                        progress=False))
-    return out["records"][-1]["wire"]
+    bytes rank 0 wrote to its sockets for the dp axis (`wire.steps_by_axis`)."""
+    with steps_by_axis(Trainer):
+        out = train(TrainConfig(parallel=ParallelConfig(**PREDICT_ZERO), steps=1, progress=False))
+    return out["records"][-1]["wire"]["dp"]
 
 
 def _ring_zero_bytes() -> int:
@@ -264,12 +266,8 @@ def check_predict_zero_bytes(prediction, measured: int | None = None, reveal: bo
     minipar's trainer on 4 gloo ranks and compare with what rank 0 wrote to its sockets
     (`wire`; the ratio is reported)."""
     return predicted(prediction, measured_zero_bytes if measured is None else measured,
-                     "the data-parallel bytes one rank sent", rel=0.01, why=WIRE_WHY, unit="B",
-                     reveal=reveal, hints=[
-        (_ring_zero_bytes(), "that is what the ring would send; the step runs on gloo. The "
-                             "collectives chapter's 'Bytes on the wire, measured' shows where "
-                             "gloo's algorithm is not the ring's."),
-    ])
+                     "the data-parallel bytes one rank sent", rel=0.01, why=HEADERS_WHY, unit="B",
+                     reveal=reveal, hints=[(_ring_zero_bytes(), RING_NOT_GLOO)])
 
 
 # ---------------------------------------------------------------- implement: buckets

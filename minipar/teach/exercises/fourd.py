@@ -17,7 +17,8 @@ from ...flops import param_count
 from ...grid import AXES, ProcessGrid
 from ...config import TrainConfig
 from ...train import Trainer, train
-from ...wire import HEADER_BYTES, steps_by_axis
+from ...wire import steps_by_axis
+from .collectives import HEADERS_WHY
 from ..numbers.fourd import PLAN_EXERCISE
 from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, reveals, right,
                    wrong)
@@ -76,7 +77,6 @@ def check_coords_bug(fn) -> Verdict:
     return right("every rank of three uneven grids has ProcessGrid's coordinates.")
 
 
-HEADERS_WHY = f"the wire also carries gloo's headers, under {HEADER_BYTES // 1000} KB per collective"
 
 
 def measured_dp_bytes(tp: int = 2, dp: int = 2, steps: int = 1) -> int:

@@ -18,7 +18,8 @@ from ...flops import mfu
 from ...flops import param_count
 from ...model import Transformer, cross_entropy_sum
 from ...train import Trainer, train
-from ...wire import HEADER_BYTES, steps_by_axis
+from ...wire import steps_by_axis
+from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .core import Verdict, compare_calls, exercise, predicted
 
 # torch's counter counts matmuls; the RMSNorm gains are parameters that do none (0.3% of
@@ -120,7 +121,6 @@ def check_fixed_mfu(fn) -> Verdict:
 DP_RUN = dict(dp=2, zero=1, global_batch=4, seq_len=32)
 
 
-HEADERS_WHY = f"the wire also carries gloo's headers, under {HEADER_BYTES // 1000} KB per collective"
 
 
 def dp_run_bytes() -> int:
@@ -148,9 +148,7 @@ def check_predict_dp_bytes(prediction, measured: int | None = None, reveal: bool
     return predicted(prediction, dp_run_bytes if measured is None else measured,
                      "the DP bytes of rank 0 in one step", 0.01, HEADERS_WHY, unit="B",
                      reveal=reveal, hints=[
-        (dp_model_bytes(), "that is what the ring would send (and what the cost model "
-                           "counts); the step runs on gloo. The collectives chapter's 'Bytes "
-                           "on the wire, measured' shows where gloo's algorithm is not the ring's."),
+        (dp_model_bytes(), RING_NOT_GLOO + " The cost model counts the ring too."),
     ])
 
 

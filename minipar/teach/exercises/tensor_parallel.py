@@ -18,7 +18,9 @@ from ...grid import ProcessGrid
 from ...parallel.regions import reduce_from_group
 from ...config import ModelConfig, TrainConfig
 from ...formulas.tensor_parallel import tp_layer_bytes, tp_wire_bytes_per_step
-from .collectives import WIRE_WHY, diagnosed, train_on_the_wire
+from ...train import Trainer, train
+from ...wire import steps_by_axis
+from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
                    function_given, on_ranks, predicted)
 
@@ -186,10 +188,11 @@ def check_row_parallel_linear(fn) -> Verdict:
 @functools.lru_cache(maxsize=8)
 def measured_tp_bytes(tp: int, sp: bool, global_batch: int = 8, seq_len: int = 32) -> int:
     """Run one step of `tiny` on `tp` gloo ranks and return the bytes rank 0 put on the wire
-    (its write counter; the run has no axis but tp)."""
-    out = train_on_the_wire(TrainConfig(parallel=ParallelConfig(tp=tp, sp=sp), steps=1,
-                                        progress=False, global_batch=global_batch, seq_len=seq_len))
-    return out["records"][-1]["wire"]
+    for the tp axis (`wire.steps_by_axis`)."""
+    with steps_by_axis(Trainer):
+        out = train(TrainConfig(parallel=ParallelConfig(tp=tp, sp=sp), steps=1, progress=False,
+                                global_batch=global_batch, seq_len=seq_len))
+    return out["records"][-1]["wire"]["tp"]
 
 
 def _ring_tp_bytes(tp: int, sp: bool) -> int:
@@ -204,11 +207,8 @@ def check_predict_tp_bytes(prediction, tp: int = 4, sp: bool = True, reveal: boo
     reads what rank 0 wrote to its sockets. Within 3%: gloo's headers, about a kilobyte on
     each of the step's many small collectives."""
     return predicted(prediction, lambda: measured_tp_bytes(tp, sp), f"the TP bytes per rank of --tp {tp}"
-                     + (" --sp" if sp else ""), 0.03, WIRE_WHY, unit="B", reveal=reveal, hints=[
-        (_ring_tp_bytes(tp, sp), "that is what the ring would send; the step runs on gloo. The "
-                                 "collectives chapter's 'Bytes on the wire, measured' shows "
-                                 "where gloo's algorithm is not the ring's."),
-    ] if sp else [])
+                     + (" --sp" if sp else ""), 0.03, HEADERS_WHY, unit="B", reveal=reveal,
+                     hints=[(_ring_tp_bytes(tp, sp), RING_NOT_GLOO)] if sp else [])
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_row_parallel_linear"]
