@@ -84,11 +84,17 @@ def attention_seconds(model: ModelConfig, tokens: float, seq_len: int, cp: int, 
     seeing on average half of the sequence (causal): 12 h s / 2 FLOPs per token and layer,
     over tp (heads), at the measured speed of `kernel` on sequences of s tokens."""
     flops = CAUSAL_FRACTION * 12.0 * model.n_heads * model.head_dim * seq_len * tokens / tp
+    return flops / attention_flops_per_s(kernel, seq_len, cp, cluster)
+
+
+def attention_flops_per_s(kernel: str, seq_len: int, cp: int, cluster: Cluster) -> float:
+    """What `kernel` ("flash2" or "cudnn") computes per second on sequences of seq_len
+    tokens, as measured, scaled from the measuring GPU's peak to the cluster's. With CP the
+    rank's query chunks meet the keys before them under a lower-right causal mask: a kernel
+    of its own, measured as such (`cp_attention_tflops`)."""
     name = {"flash2": "flash", "cudnn": "cudnn"}[kernel]
-    # with CP the rank's query chunks meet the keys before them under a lower-right causal
-    # mask: a kernel of its own, measured as such (`cp_attention_tflops`)
     measured = cp_attention_tflops(name) if cp > 1 else attention_tflops(name, seq_len)
-    return flops / (measured * 1e12 * cluster.peak_tflops / MEASURED_PEAK_TFLOPS)
+    return measured * 1e12 * cluster.peak_tflops / MEASURED_PEAK_TFLOPS
 
 
 def elementwise_bytes_per_token(model: ModelConfig, tp: int, sp: bool, act_bytes: int = 2) -> float:

@@ -83,7 +83,8 @@ def _wire() -> dict[str, Number]:
     """gloo's bytes over the ring formula's, per op: what tests/test_wire.py measures with
     each rank's write counter on the 2x2x2x2 grid (and fails on if the rule is wrong)."""
     size, n = 2**20, 4           # a dp x cp gradient group of that grid has four ranks
-    src = "tests/test_wire.py: wchar of 16 gloo ranks around each collective"
+    src = ("gloo's rule (wire.GLOO_WIRE), to which tests/test_wire.py holds the wchar of 16 "
+           "gloo ranks around each collective")
     out = {f"wire_{op}": measured(gloo_bytes(op, n, size) / wire_bytes(op, n, size), "{:g}",
                                   source=src)
            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")}

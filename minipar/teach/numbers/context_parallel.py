@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 from ...config import ModelConfig
-from ...costmodel.constants import (BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY, MEASURED_PEAK_TFLOPS,
-                                    attention_tflops, cp_attention_tflops)
+from ...costmodel.constants import BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY
 from ...costmodel.hardware import LLAMA3_CLUSTER
+from ...costmodel.kernels import attention_flops_per_s
 from ...costmodel.table4 import TABLE4
 from ...formulas.memory import activation_elements
 from ...formulas.context_parallel import cp_wire_bytes_per_step
@@ -81,9 +81,8 @@ def inter_node_Bps() -> float:
 
 def attention_Fps(seq: int, cp: int) -> float:
     """FLOP/s of the attention kernel Llama 3's stack is assumed to run (cuDNN's) on one CP
-    rank's chunks, as measured (`costmodel.kernels.attention_seconds` uses the same)."""
-    tflops = cp_attention_tflops("cudnn") if cp > 1 else attention_tflops("cudnn", seq)
-    return tflops * 1e12 * LLAMA3_CLUSTER.peak_tflops / MEASURED_PEAK_TFLOPS
+    rank's chunks, as measured: the cost model's own rate."""
+    return attention_flops_per_s("cudnn", seq, cp, LLAMA3_CLUSTER)
 
 
 def allgather_vs_attention(model: ModelConfig, seq: int, cp: int, tp: int) -> tuple[float, float, float]:
