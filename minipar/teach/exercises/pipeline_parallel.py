@@ -45,14 +45,15 @@ def check_bubble(p: int, m: int, prediction, schedule: str = "1f1b", t_comm: flo
     what = "the bubble fraction"
     if prediction is None and not reveal:
         return predicted(None, 0.0, what, 1e-3, "")
-    truth = simulated_bubble(p, m, schedule, t_comm)
+    timed = simulate(make_schedule(schedule, p, m), T_F, T_B, 0.0, t_comm)
+    truth = timed.bubble_fraction
     hints = [(truth / (1 - truth), "that is idle over busy time; the fraction is idle over "
                                    "the whole area, makespan x ranks.")]
     if t_comm:
         free = simulate(make_schedule(schedule, p, m), T_F, T_B)      # the same, messages free
-        step = simulate(make_schedule(schedule, p, m), T_F, T_B, 0.0, t_comm).makespan
-        hints += [(free.bubble_fraction * free.makespan / step, "a rank waiting for a message "
-                   "is idle too: the transfers belong in the bubble, not only in the step."),
+        hints += [(free.bubble_fraction * free.makespan / timed.makespan, "a rank waiting "
+                   "for a message is idle too: the transfers belong in the bubble, not only in "
+                   "the step."),
                   (free.bubble_fraction, "that is the bubble without transfers: "
                    "what does a message between stages add to the fill and the drain?"),
                   (simulated_bubble(p, m, schedule, t_comm / 2), "the transfers count on both "
