@@ -18,7 +18,7 @@ BOOK_FLAGS ?= -W --keep-going
 # Extra flags for pytest, e.g. `make test PYTEST_FLAGS="-m 'not slow'"`.
 PYTEST_FLAGS ?=
 
-.PHONY: venv test test-notebooks notebooks book test-html vendor-mathjax lab bench clean distclean
+.PHONY: venv test test-notebooks notebooks book test-html vendor-mathjax vendor-plotly lab bench clean distclean
 
 venv: $(STAMP)
 
@@ -56,11 +56,15 @@ book: $(STAMP)
 # The browser check of the built book: tests/html/check.mjs serves _build/html on
 # 127.0.0.1, opens every page in Debian's Chromium (/usr/bin/chromium; .ci/run installs it)
 # and fails on console errors, requests that fail or leave the machine, broken images and
-# links, and untypeset math. Screenshots of each page's first screen go to _build/screens/.
+# links, untypeset math, and explorers that do not draw or redraw. Screenshots of each
+# page's first screen go to _build/screens/, with what each explorer drew
+# (explorers-drawn.json), which tests/html/test_agreement.py then compares with the Python
+# figures (`make test` leaves tests/html out: tests/conftest.py).
 HTML_CHECK := tests/html
-test-html: $(HTML_CHECK)/node_modules/.installed
+test-html: $(HTML_CHECK)/node_modules/.installed $(STAMP)
 	@test -f _build/html/index.html || { echo "no _build/html: run make book first"; exit 1; }
 	node $(HTML_CHECK)/check.mjs _build/html _build/screens
+	$(BIN)/python -m pytest $(HTML_CHECK) --confcutdir=$(HTML_CHECK) -q
 
 $(HTML_CHECK)/node_modules/.installed: $(HTML_CHECK)/package.json $(HTML_CHECK)/package-lock.json
 	npm ci --prefix $(HTML_CHECK) --no-audit --no-fund
@@ -80,6 +84,20 @@ vendor-mathjax:
 	  && cp -r $$tmp/package/es5/input/tex/extensions $(MATHJAX_DIR)/input/tex/ \
 	  && rm -rf $$tmp
 	du -sh $(MATHJAX_DIR)
+
+# Plotly draws the HTML book's explorers (book/_static/minipar-explorer.js); it is vendored
+# into book/_static/plotly for the same reason as MathJax. This refreshes it from npm: only
+# the "basic" partial bundle (scatter, bar, pie: all the explorers use; about 1.2 MB
+# minified, not the full bundle's 4.7) and its MIT licence.
+PLOTLY_VERSION := 4.1.1
+PLOTLY_DIR     := book/_static/plotly
+vendor-plotly:
+	rm -rf $(PLOTLY_DIR) && mkdir -p $(PLOTLY_DIR)
+	tmp=$$(mktemp -d) && cd $$tmp && npm pack --silent plotly.js-basic-dist-min@$(PLOTLY_VERSION) >/dev/null \
+	  && tar -xzf plotly.js-basic-dist-min-$(PLOTLY_VERSION).tgz && cd $(CURDIR) \
+	  && cp $$tmp/package/LICENSE $$tmp/package/plotly-basic.min.js $(PLOTLY_DIR)/ \
+	  && rm -rf $$tmp
+	du -sh $(PLOTLY_DIR)
 
 # JupyterLab refuses to start as root unless told so; containers often run as root.
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)

@@ -37,7 +37,6 @@ At scale this is how a checkpoint of Llama 3 405B works too (each GPU writes its
 state, 1 MB to 4 GB of it, in parallel); a real implementation streams tensors instead of
 rebuilding whole ones in memory, and resharding reads only the byte ranges it needs.
 """
-from __future__ import annotations
 
 import dataclasses
 import fcntl
@@ -64,7 +63,6 @@ MARK = ".minipar"     # in each directory minipar made: what is in it is minipar
 
 class CheckpointError(ConfigError):
     """A checkpoint is missing, incomplete, corrupt or of another model; names the file."""
-
 
 # ================================================================ where checkpoints are
 def check_out_dir(flag: str, path: str, own: bool = True, replaced: bool = False) -> None:

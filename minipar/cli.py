@@ -8,7 +8,6 @@ own defaults for them), `parse` reads them back. A bad flag is one line on stder
 naming it, and exit status 2 (`Parser`), before any rank starts. Torch-free: the cost
 model builds its command line here too.
 """
-from __future__ import annotations
 
 import argparse
 from dataclasses import fields
@@ -31,7 +30,6 @@ class Parser(argparse.ArgumentParser):
 class Chosen(str):
     """A command's default left to the program: None on the command line, chosen later from
     the other flags; its text says how (in --help). A switch chosen so becomes --x / --no-x."""
-
 
 def add_flags(group, cls, only=None, defaults: dict | None = None) -> None:
     """One flag per `opt` field of dataclass `cls` (or of those named in `only`, in that

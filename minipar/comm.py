@@ -20,7 +20,6 @@ returns the result, whatever the collective. The autograd-aware collectives buil
 (Megatron's f and g, sequence parallelism's gather and scatter) are in `parallel/regions.py`;
 the ring all-reduce written out with sends and receives is `ring.py`.
 """
-from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
@@ -114,6 +113,16 @@ def _run(collective, axis: Axis, name: str, payload: int, full: int, finish, /, 
     return Handle([work], finish=finish) if async_op else finish()
 
 
+def alone(axis: Axis, name: str, t: torch.Tensor, async_op: bool):
+    """A collective over a group of one is `t` itself. A trace still notes it (0 bytes on
+    the wire), where the program issued it: a replay that widens the axis times it there."""
+    done = torch.futures.Future()
+    done.set_result(t)
+    events.collective(axis.log_as, name, axis.ranks, nbytes(t), 0, events.now(),
+                      done if async_op else None)
+    return Handle([done], result=t) if async_op else t
+
+
 # ------------------------------------------------------------------- plain collectives
 # All reductions are SUM and callers divide themselves: older torch releases refused
 # ReduceOp.AVG on gloo (the pinned 2.13.0 accepts it), a sum works on every backend, and
@@ -124,7 +133,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 def all_reduce(t: torch.Tensor, axis: Axis, op: str = "sum", async_op: bool = False):
     """In-place all-reduce of `t` over `axis`: returns `t`, or a `Handle` with async_op."""
     if axis.size == 1:
-        return Handle(result=t) if async_op else t
+        return alone(axis, "all_reduce", t, async_op)
     return _run(dist.all_reduce, axis, "all_reduce", nbytes(t), nbytes(t), lambda: t, t,
                 op=_OPS[op], async_op=async_op)
 
@@ -150,7 +159,7 @@ def _along_dim(collective, name: str, t: torch.Tensor, axis: Axis, dim: int, out
     collectives work along dim 0 of a contiguous tensor: `dim` goes to the front and back.
     The ring formula's size is the larger side: the gathered result, or the full input."""
     if axis.size == 1:
-        return Handle(result=t) if async_op else t
+        return alone(axis, name, t, async_op)
     inp = t.movedim(dim, 0).contiguous()
     out = inp.new_empty((out_size, *inp.shape[1:]))
     return _run(collective, axis, name, nbytes(inp), max(nbytes(inp), nbytes(out)),

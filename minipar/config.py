@@ -14,7 +14,6 @@ written once and returned as `Problem`s: the line a user reads, with the flag it
 the rule's name for code that must tell rules apart. The command line refuses a run that
 breaks one, in one line, before any rank starts.
 """
-from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace

@@ -11,7 +11,6 @@ at, reads the very batch it would have read.
 The tokens are synthetic, or a text (`--data FILE`) read as bytes, or, when `--init-hf DIR`
 holds a `tokenizer.json`, cut into that model's tokens (chapter "Real models in and out").
 """
-from __future__ import annotations
 
 import os
 

@@ -23,7 +23,6 @@ function here costs one `if` (`waiting`: two reads of the clock).
 The clock is `time.perf_counter_ns`: CLOCK_MONOTONIC on Linux, shared by the processes of
 one machine; `profile.py` aligns machines at a start barrier.
 """
-from __future__ import annotations
 
 import contextlib
 import time

@@ -10,7 +10,6 @@ written by `hf.save_pretrained`, whatever layout saved them. `--export-hf DIR` d
 at the end of a run (`hf.export_run`): the ranks' slices are gathered to rank 0 instead of
 read from files. The trainer imports `hf`, never this command.
 """
-from __future__ import annotations
 
 import sys
 

@@ -22,7 +22,6 @@ The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and tor
 MFU = model FLOPs actually processed per second / peak FLOP/s. *Hardware* FLOPs add the work
 done again by activation recomputation; HFU divides those by the peak instead.
 """
-from __future__ import annotations
 
 from .config import ModelConfig
 

@@ -11,7 +11,6 @@ this replicated tensor, does mine count?".
 
 Chapter "Four dimensions at once".
 """
-from __future__ import annotations
 
 import itertools
 

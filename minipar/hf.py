@@ -24,7 +24,6 @@ at the end of a run (`export_run`): the ranks' slices are gathered to rank 0 and
 together as a checkpoint's are (`checkpoint.full_state`); `python -m minipar.export`
 (`export.py`) reads them from a checkpoint's files instead.
 """
-from __future__ import annotations
 
 import contextlib
 import dataclasses

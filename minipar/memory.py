@@ -21,7 +21,6 @@ Three rules make the count honest:
   saved tensors: the inputs it will run again from, and what it recomputes in the backward.
   It holds them through `hold`, so the meter counts them too.
 """
-from __future__ import annotations
 
 import torch
 import torch.distributed as dist

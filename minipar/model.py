@@ -7,7 +7,6 @@ Face's (`embed_tokens`, `layers.3.self_attn.q_proj`, ...) so that a Llama checkp
 with a prefix and nothing else (`hf.hf_name`, chapter "Real models in and out"), and a
 pipeline stage is just this class holding fewer layers.
 """
-from __future__ import annotations
 
 import hashlib
 import math

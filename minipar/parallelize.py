@@ -16,7 +16,6 @@ the one before:
 Weights are initialised by parameter name and seed before any split, so whatever the
 layout, the pieces hold exactly the single-device weights.
 """
-from __future__ import annotations
 
 from typing import Callable, NamedTuple
 

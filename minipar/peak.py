@@ -6,7 +6,6 @@ Chapter "MFU and communication volume". A GPU's peak is its data sheet's
 thread count, so that `python -m minipar.train` reports an MFU on a laptop too. The
 arithmetic of MFU itself is `minipar.flops`, which needs no torch.
 """
-from __future__ import annotations
 
 import contextlib
 import json

@@ -6,7 +6,6 @@ Chapter "From a laptop to a cluster" (the cost model's `Cluster` describes the m
 Ranks are laid on consecutive GPUs (rank r is GPU r % gpus_per_node of server
 r // gpus_per_node), as torchrun numbers them (`RANK = GROUP_RANK x nproc + LOCAL_RANK`).
 """
-from __future__ import annotations
 
 from collections import Counter
 

@@ -13,7 +13,6 @@ and exits 0). So `check_run` asks, in the parent process and in this order:
    it lists (`checkpoint.check_flags`);
 4. the memory: what the ranks on this machine will hold against what the machine has.
 """
-from __future__ import annotations
 
 import contextlib
 import itertools

@@ -26,7 +26,6 @@ lesson is readable and so that two things work that the book relies on:
 The older "reentrant" checkpoint (one autograd node for the whole block, whose backward
 runs a nested backward) would compute the weight gradients inside B and break that split.
 """
-from __future__ import annotations
 
 import contextlib
 import functools
@@ -39,7 +38,6 @@ from . import memory
 class _AllSaved(Exception):
     """Raised by the recomputation's pack hook once it has every slot: stop the rerun there
     (every rank of a group stops at the same operation, so no collective is left half-done)."""
-
 
 class _Recomputation:
     """One call of a recomputed function: its kept inputs and, in the backward, the

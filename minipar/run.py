@@ -7,7 +7,6 @@ them to these: `train.train(cfg)` is `supervise(cfg, train.train_on_rank)`, and
 `python -m minipar.train` is `command(argv, train.train)` (its flags are generated in
 `cli.py` from the config dataclasses).
 """
-from __future__ import annotations
 
 import contextlib
 import dataclasses
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from . import checkpoint, cli, comm, hf, launch, profile
+from . import checkpoint, cli, comm, hf, launch, profile, traces
 from .cli import PROG
 from .config import ConfigError, TrainConfig
 from .launch import STOP_SIGNALS, Stopped
@@ -185,14 +184,15 @@ def finish_profile(t) -> dict | None:
     cfg = t.cfg
     meta = {"layout": t.pcfg.as_dict(), "seq_len": cfg.seq_len, "global_batch": cfg.global_batch,
             "model": f"--init-hf {cfg.init_hf}" if cfg.init_hf else cfg.model,    # what really ran
+            "model_shape": dataclasses.asdict(t.mcfg),        # what a replay scales from
             "steps": cfg.steps, "backend": dist.get_backend(), "device": t.device.type,
             "torch": torch.__version__}
     trace = profile.finish(cfg.profile, t.grid.coords(t.grid.rank), meta)
     if trace is None:
         return None
-    steps = sorted(profile.step_windows(trace, 0))      # a resumed run starts later
-    return {"path": str(profile.trace_path(cfg.profile)), "backend": meta["backend"],
-            "exposure": profile.exposure(trace, from_step=steps[min(1, len(steps) - 1)]
+    steps = sorted(traces.step_windows(trace, 0))      # a resumed run starts later
+    return {"path": str(traces.trace_path(cfg.profile)), "backend": meta["backend"],
+            "exposure": traces.exposure(trace, from_step=steps[min(1, len(steps) - 1)]
                                          if steps else 0)}
 
 
@@ -221,7 +221,7 @@ def command(argv, train) -> int:
               f"  {last['tokens_per_s']:.0f} tokens/s" + restarts)
     if out.get("profile"):
         print(f"trace: {out['profile']['path']} (open it in ui.perfetto.dev)")
-        print(profile.format_exposure(out["profile"]["exposure"], out["profile"]["backend"]))
+        print(traces.format_exposure(out["profile"]["exposure"], out["profile"]["backend"]))
     return 0
 
 

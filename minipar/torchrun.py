@@ -20,7 +20,6 @@ line and exit 2 before anything starts, not torchrun's EADDRINUSE traceback.
 
     python -m minipar.torchrun --standalone --nproc-per-node 4 -m minipar.train --dp 4
 """
-from __future__ import annotations
 
 import contextlib
 import errno

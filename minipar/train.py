@@ -11,7 +11,6 @@ what each rank runs, and `train(cfg)` a whole run. Everything around the loop (s
 ranks and restarting them, checkpoints, the log, traces, export, the command line's endings)
 is `run.py`'s. `python -m minipar.train` runs `main`.
 """
-from __future__ import annotations
 
 import math
 import sys

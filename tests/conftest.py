@@ -16,6 +16,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# tests/html checks the built book in a browser: `make test-html` runs it (after `make book`
+# and check.mjs) with --confcutdir=tests/html, so this file and this line do not apply there.
+collect_ignore = ["html"]
+
 # Variables torchrun sets. minipar.launch joins an existing world when it sees them, so a
 # test must never inherit them from the shell that started pytest.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",

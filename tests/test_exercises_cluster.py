@@ -38,8 +38,8 @@ def test_coords_of_catches_dp_innermost():
 
 def test_exposed():
     def counts_lanes_twice(compute, comm):     # subtracts compute per span, sums the spans
-        from minipar import profile
-        return sum(profile.length(profile.subtract([c], profile.union(compute))) for c in comm)
+        from minipar import traces
+        return sum(traces.length(traces.subtract([c], traces.union(compute))) for c in comm)
     judged(ex.check_exposed, ex.reference_exposed,
            lambda compute, comm: sum(b - a for a, b in comm), counts_lanes_twice)
 

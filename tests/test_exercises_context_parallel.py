@@ -52,3 +52,12 @@ def test_number_and_zigzag_positions():
     judged(ex.check_zigzag, lambda s, r, cp: [i for c in zigzag_chunks(r, cp)
                                               for i in range(c * s // (2 * cp), (c + 1) * s // (2 * cp))],
            lambda s, r, cp: list(range(r * s // cp, (r + 1) * s // cp)))
+
+
+def test_replayed_cp_exposure(fresh_attempts):
+    """The all-gather's exposed CP time, as the replay times it: right within 15%; the
+    ring's zero, or the forward's gathers alone, are wrong with the hint that says why."""
+    from minipar.teach import replays
+    gather = replays.replayed("context_parallel_allgather").exposed_s["cp"] * 1e3
+    judged(ex.check_replayed_cp_exposure, gather * 1.05, Wrong(0.0, "ring's"),
+           Wrong(gather / 2, "forward's all-gathers"))

@@ -10,7 +10,7 @@ from minipar.flops import param_count
 from minipar.teach import exercises as E
 from minipar.teach.exercises.data_parallel import ZERO1_ADAMW, dp_loss_buggy
 from minipar.teach.figures.data_parallel import model_buckets
-from verdicts import Wrong, judged
+from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 
 def global_mean_loss(model, x, y, global_tokens):
@@ -139,3 +139,14 @@ def test_check_buckets_right_wrong_and_unanswered():
     judged(E.check_buckets, _buckets_by_hand, Wrong(lambda s, b: [list(range(len(s)))], "reverse"),
            Wrong(lambda s, b: _buckets_by_hand(s, b) if b < 1 else [list(reversed(range(len(s))))],
                  "first bucket"), lambda s, b: 1 / 0)
+
+
+def test_replayed_dp_exposure(fresh_attempts):
+    """The naive run's exposed DP time, as the replay times it: right within 15%; one ring
+    pass, or the bucketed run's tail, is wrong with the hint that says why."""
+    from minipar.teach import replays
+    naive = replays.replayed("data_parallel_naive").exposed_s["dp"] * 1e3
+    bucketed = replays.replayed("data_parallel").exposed_s["dp"] * 1e3
+    judged(E.check_replayed_dp_exposure, naive * 1.05, Wrong(naive / 2, "one pass of the ring"),
+           Wrong(bucketed, "bucketed run's"))
+    assert E.check_replayed_dp_exposure(f"{naive / 1e3:.4f} s")      # a unit is read

@@ -80,3 +80,13 @@ def test_predict_tp_bytes_reports_the_ratio(fresh_attempts):
     assert good and "run / prediction" in good.message
     judged(ex.check_predict_tp_bytes, want, Wrong(ring, "gloo"),
            Wrong(want // 2, "run / prediction"))                  # within 2x: shown
+
+
+def test_replayed_tp_exposure(fresh_attempts):
+    """Plain SP's exposed TP time, as the replay times it: right within 15%; the forward's
+    collectives alone, or the collective matmul's, are wrong with the hint that says why."""
+    from minipar.teach import replays
+    plain = replays.replayed("tensor_parallel").exposed_s["tp"] * 1e3
+    ring = replays.replayed("tensor_parallel_overlap").exposed_s["tp"] * 1e3
+    judged(ex.check_replayed_tp_exposure, plain * 0.95, Wrong(plain / 2, "forward's collectives"),
+           Wrong(ring, "collective matmul"))

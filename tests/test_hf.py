@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from hf_llama import CORPUS, make_hf_llama
 from helpers import assert_same_losses, losses, run_layout
-from minipar import export, hf, profile
+from minipar import export, hf, traces
 from minipar.config import ConfigError, ModelConfig
 from minipar.data import TokenizedText, make_source
 from minipar.generate import load_hf_state_dict, load_model
@@ -93,7 +93,7 @@ def test_export_round_trip_same_logits(hf_dir, tmp_path):
     run_layout(steps=2, init_hf=str(hf_dir), export_hf=str(out), save=str(ckpt), tp=2, pp=2,
                profile=str(tmp_path / "prof"), **RUN)
     assert (out / "tokenizer.json").is_file()
-    trace = json.loads(profile.trace_path(str(tmp_path / "prof")).read_text())
+    trace = json.loads(traces.trace_path(str(tmp_path / "prof")).read_text())
     assert trace["otherData"]["minipar"]["model"] == f"--init-hf {hf_dir}"   # not the preset
     mcfg, state, _ = export.checkpoint_state(str(ckpt))
     ours = Transformer(mcfg, seed=None).eval()

@@ -18,7 +18,7 @@ import torch
 from minipar.config import PRESETS, ModelConfig, ParallelConfig
 from minipar.grid import ProcessGrid
 from minipar.model import Transformer, cross_entropy_sum
-from minipar import profile
+from minipar import traces
 from minipar.parallel.schedules import split_layers
 from minipar.parallel.pipeline import boundary_shape, build_stage_modules
 from minipar.parallel.schedule_analysis import check_p2p_plan, peak_in_flight, pipeline_events
@@ -187,7 +187,7 @@ def _trained(items):
     kw = dict(items)
     path = kw.pop("trace_path")
     out = run_layout(profile=path, **kw)
-    out["trace"] = pipeline_events(profile.load(path))
+    out["trace"] = pipeline_events(traces.load(path))
     return out
 
 

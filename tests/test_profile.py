@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from minipar import profile
+from minipar import profile, traces
 from minipar.config import ParallelConfig, TrainConfig
 from minipar.parallel.schedule_analysis import pipeline_events, timeline_from_events
 from minipar.parallel.schedules import make_schedule
@@ -38,12 +38,12 @@ def test_interval_algebra_matches_brute_force(seed):
         return out
 
     xs, ys = some(), some()
-    ux, uy = profile.union(xs), profile.union(ys)
+    ux, uy = traces.union(xs), traces.union(ys)
     assert _cells(ux) == _cells(xs)
     assert all(b1 < a2 for (_, b1), (a2, _) in zip(ux, ux[1:]))       # sorted, disjoint
-    assert _cells(profile.intersect(ux, uy)) == _cells(xs) & _cells(ys)
-    assert _cells(profile.subtract(ux, uy)) == _cells(xs) - _cells(ys)
-    assert profile.length(ux) == len(_cells(xs))
+    assert _cells(traces.intersect(ux, uy)) == _cells(xs) & _cells(ys)
+    assert _cells(traces.subtract(ux, uy)) == _cells(xs) - _cells(ys)
+    assert traces.length(ux) == len(_cells(xs))
 
 
 def _x(name, cat, ts, dur, pid=0, tid=0, **args):
@@ -61,20 +61,20 @@ def test_exposure_of_a_hand_made_trace():
         _x("wait dp all_reduce", "wait", 60, 20),
         _x("tp all_reduce", "comm", 30, 10, tid=100, axis="tp", blocking=True),
     ]}
-    got = profile.exposure(trace)
+    got = traces.exposure(trace)
     # dp: 20-90 minus blocked (30-40 tp, 60-80 wait) -> hidden 20-30, 40-60, 80-90 = 40 us
     assert got["dp"]["total"] == pytest.approx(70e-6)
     assert got["dp"]["hidden"] == pytest.approx(40e-6)
     assert got["dp"]["exposed"] == pytest.approx(30e-6)
     assert got["tp"]["hidden"] == 0 and got["tp"]["exposed"] == pytest.approx(10e-6)
-    assert "tp" in profile.format_exposure(got)
+    assert "tp" in traces.format_exposure(got)
 
 
 def test_collectives_in_flight_together_get_lanes_that_nest():
     spans = [{"name": "dp all_reduce", "cat": "comm", "start": a, "end": b,
               "args": {"axis": "dp", "id": i}} for i, (a, b) in
              enumerate([(0, 50), (10, 60), (55, 70), (65, 80)])]
-    events = [e for e in profile._rank_events(0, spans, 0) if e["ph"] == "X"]
+    events = [e for e in traces.rank_events(0, spans, 0) if e["ph"] == "X"]
     by_tid = {}
     for e in events:
         by_tid.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
@@ -99,7 +99,7 @@ def _run(tmp_path, name, steps=2, **layout):
     out = train(TrainConfig(parallel=ParallelConfig(**layout), steps=steps, progress=False,
                             profile=str(path)))
     wall_us = (time.perf_counter() - t0) * 1e6
-    return out, profile.load(path), wall_us
+    return out, traces.load(path), wall_us
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def _check_format(trace):
             assert isinstance(e["args"], dict)
     # complete events on one thread track nest (viewers draw them as a stack)
     tracks = {}
-    for e in profile.spans(trace):
+    for e in traces.spans(trace):
         tracks.setdefault((e["pid"], e["tid"]), []).append(e)
     for track, events in tracks.items():
         stack = []
@@ -137,12 +137,14 @@ def _check_format(trace):
             stack.append(e)
 
 
-def _last_step_comm(trace, pid):
-    """(axis, op) -> spans of collectives posted during this rank's last step."""
-    windows = profile.step_windows(trace, pid)
+def _last_step_comm(trace, pid, alone=False):
+    """(axis, op) -> spans of collectives posted during this rank's last step: over two or
+    more ranks (what CommLog counts), or with `alone` the notes of collectives over a group
+    of one (`comm.alone`: no bytes, for a replay that widens the axis)."""
+    windows = traces.step_windows(trace, pid)
     a, b = windows[max(windows)]
-    return Counter((e["args"]["axis"], e["args"]["op"]) for e in profile.spans(trace, "comm", pid)
-                   if a <= e["ts"] <= b)
+    return Counter((e["args"]["axis"], e["args"]["op"]) for e in traces.spans(trace, "comm", pid)
+                   if a <= e["ts"] <= b and (len(e["args"]["group"]) == 1) == alone)
 
 
 @pytest.mark.slow
@@ -154,7 +156,7 @@ def test_profile_is_one_trace_event_file_with_a_track_per_rank(run, request):
              if e["ph"] == "M" and e["name"] == "process_name"}
     assert sorted(names) == list(range(len(out["all"])))
     # one clock, inside the run's wall window (time 0 is the first rank's start)
-    xs = profile.spans(trace)
+    xs = traces.spans(trace)
     assert min(e["ts"] for e in xs) >= 0
     assert max(e["ts"] + e["dur"] for e in xs) <= wall_us
 
@@ -167,7 +169,9 @@ def test_one_span_per_collective_that_commlog_counted(run, request):
         counted = Counter({(axis, op): st["calls"] for axis, ops in result["comm"].items()
                            for op, st in ops.items()})
         assert _last_step_comm(trace, rank) == counted, f"rank {rank}"
-        for e in profile.spans(trace, "comm", rank):
+        if run == "tp_pp":     # dp = 1: the gradient sync is noted where it was issued
+            assert _last_step_comm(trace, rank, alone=True) == {("dp", "all_reduce"): 1}
+        for e in traces.spans(trace, "comm", rank):
             assert {"axis", "op", "payload_bytes", "wire_bytes"} <= set(e["args"])
 
 
@@ -176,7 +180,7 @@ def test_one_span_per_collective_that_commlog_counted(run, request):
 def test_every_message_is_sent_before_it_is_received(run, request):
     _, trace, _ = request.getfixturevalue(run)
     sends, recvs = {}, {}
-    for e in profile.spans(trace, "comm"):
+    for e in traces.spans(trace, "comm"):
         a = e["args"]
         if a["op"] in ("send", "recv"):
             src, dst = (e["pid"], a["peer"]) if a["op"] == "send" else (a["peer"], e["pid"])
@@ -193,7 +197,7 @@ def test_compute_spans_per_layer_and_microbatch(tp_pp):
     out, trace, _ = tp_pp
     steps, m = 2, 2
     for rank in range(4):
-        layers = [e for e in profile.spans(trace, "layer", rank)]
+        layers = [e for e in traces.spans(trace, "layer", rank)]
         for kind in ("F", "B"):
             got = Counter((e["args"]["layer"], e["args"]["microbatch"]) for e in layers
                           if e["args"]["kind"] == kind)
@@ -212,7 +216,7 @@ def test_compute_spans_per_layer_and_microbatch(tp_pp):
 def test_exposure_splits_every_axis_time(run, request):
     out, trace, _ = request.getfixturevalue(run)
     table = out["profile"]["exposure"]
-    assert table == profile.exposure(trace, from_step=1)
+    assert table == traces.exposure(trace, from_step=1)
     want = {"tp", "pp"} if run == "tp_pp" else {"dp", "cp"}
     assert want <= set(table)
     for row in table.values():
@@ -226,8 +230,8 @@ def test_a_gzipped_trace_reads_back(tmp_path):
                                               "end": 3000, "args": {}}]}])
     path = profile.write(trace, tmp_path / "t.json.gz")
     with gzip.open(path, "rt") as f:
-        assert json.load(f) == trace == profile.load(path)
-    assert profile.spans(trace)[0]["dur"] == 2.0                  # microseconds
+        assert json.load(f) == trace == traces.load(path)
+    assert traces.spans(trace)[0]["dur"] == 2.0                  # microseconds
 
 
 @pytest.mark.slow
@@ -238,7 +242,7 @@ def test_the_book_s_figures_read_the_trace(tp_pp, dp_cp):
 
     out, trace, _ = tp_pp
     key = lambda e: (e["global_rank"], e["start"])  # noqa: E731
-    assert sorted(pipeline_events(profile.load(out["profile"]["path"])), key=key) == \
+    assert sorted(pipeline_events(traces.load(out["profile"]["path"])), key=key) == \
         sorted(pipeline_events(trace), key=key)
     ax = viz.plot_trace_tracks(trace)
     labels = [t.get_text() for t in ax.get_yticklabels()]
@@ -247,8 +251,8 @@ def test_the_book_s_figures_read_the_trace(tp_pp, dp_cp):
     out, trace, _ = dp_cp                      # the data-parallel overlap timeline
     events = viz.overlap_from_trace(trace, pid=0)
     _, buckets, marks = viz.overlap_rows(events)
-    a, b = profile.step_windows(trace, 0)[1]
-    dp_spans = [e for e in profile.spans(trace, "comm", 0)
+    a, b = traces.step_windows(trace, 0)[1]
+    dp_spans = [e for e in traces.spans(trace, "comm", 0)
                 if e["args"]["axis"] == "dp" and a <= e["ts"] <= b]
     assert len(buckets) == len(dp_spans) > 0
     assert all(ev["launch"] <= ev["complete"] <= marks["synced"] + 1e-9 for ev in buckets.values())

@@ -1,13 +1,15 @@
 """The book's machinery reads one way: a walk of minipar.teach's imports (from the source,
 no import runs) fails on one that goes against this order
 
-    style -> numbers -> figures -> widgets -> explorers          numbers -> exercises
+    style, replays -> numbers -> figures -> widgets -> explorers -> web   numbers -> exercises
 
+- `replays` (the runs the book records and replays at H100 speed) reads no other part, and
+  numbers, figures and exercises read it;
 - `style` (the colours) and `numbers` (every number the book states, and the few models the
   figures and the checks share, such as the commit crashed at every moment) read no other
   part of teach;
 - figures draw numbers in the style; widgets (the one shape of every explorer) and the
-  explorers draw figures; the exercises check answers against numbers and never a figure,
+  explorers draw figures; web reads the explorers' figures back as data for the HTML book; the exercises check answers against numbers and never a figure,
   so a check runs without matplotlib and no number waits on a check;
 - a chapter's module reads teach modules of its own or an earlier chapter only (the order
   of _toc.yml), besides the ones of no chapter (style, widgets, each part's core);
@@ -21,10 +23,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACH = ROOT / "minipar" / "teach"
-READS = {"style": set(), "numbers": set(), "figures": {"style", "numbers"},
+READS = {"style": set(), "replays": set(), "numbers": {"replays"},
+         "figures": {"style", "numbers", "replays"},
          "widgets": {"style", "numbers", "figures"},
          "explorers": {"style", "numbers", "figures", "widgets"},
-         "exercises": {"numbers"}}
+         "web": {"style", "numbers", "figures", "widgets", "explorers"},
+         "exercises": {"numbers", "replays"}}
 
 
 def chapters() -> list[str]:

@@ -120,10 +120,15 @@ class FigureFromCode(SphinxDirective):
     option_spec = {"kwargs": directives.unchanged, "name": directives.unchanged,
                    "alt": directives.unchanged}
 
+    def target(self) -> str:
+        """The "<module>.<function>" that draws the figure (book/_ext/explorer_html.py
+        names it from a chapter)."""
+        return self.arguments[0]
+
     def run(self):
         import matplotlib.pyplot as plt
 
-        target = self.arguments[0]
+        target = self.target()
         try:
             kwargs = _kwargs(self.options.get("kwargs", ""))
             fig = draw(target, kwargs)

@@ -8,8 +8,8 @@ Chapter "Four dimensions at once". A collective's time is the alpha-beta model o
   ring steps, each hidden behind 1/t of the matmul it feeds: exposed max(0, c - M (t-1)/t).
 * CP: the ring sends the next K/V block while this block's attention runs; the all-gather
   (Llama 3's) and Ulysses' all-to-alls are waited for.
-* PP: p-1 sends each way while the pipeline fills and drains; in the steady state a send
-  hides behind the next chunk unless it is slower.
+* PP: p v - 1 sends each way while the pipeline fills and drains (one per stage boundary);
+  in the steady state a send hides behind the next chunk unless it is slower.
 * DP: gradients are final only during the last micro-batch's backward (in an interleaved
   pipeline, the later chunks' already during the drain), updated weights are needed by
   the first forward (ZeRO-2/3 reduce or gather every micro-batch).
@@ -83,15 +83,19 @@ def cp_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: W
 def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
                         work: Workload, precision: Precision, eff: Efficiency,
                         t_mb: float) -> float:
-    """Pipeline transfers that stick out: p-1 each way while the pipeline fills and drains;
-    in between, a send hides behind the next chunk's compute unless it is slower."""
+    """Pipeline transfers that stick out: one per stage boundary each way while the pipeline
+    fills and drains (the first micro-batch crosses all p v - 1 boundaries of the model
+    before the last stage can start: interleaving multiplies the hops, as the replay of a
+    recorded run shows); in between, a send hides behind the next chunk's compute unless it
+    is slower."""
     if pc.pp == 1:
         return 0.0
     size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
     t_p2p = axis_seconds(size, "pp", pc, cluster, eff.links, "send", 1)
     chunk = t_mb / pc.virtual_stages
     m = work.microbatches(pc)
-    return 2 * (pc.pp - 1) * t_p2p + 2 * m * pc.virtual_stages * max(0.0, t_p2p - chunk)
+    hops = pc.pp * pc.virtual_stages - 1
+    return 2 * hops * t_p2p + 2 * m * pc.virtual_stages * max(0.0, t_p2p - chunk)
 
 
 def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,

@@ -17,7 +17,7 @@ level); the kernels' speeds are measured (`constants`), nothing is fitted to an 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .. import flops
 from ..config import ConfigError, ModelConfig, ParallelConfig
@@ -63,20 +63,23 @@ def estimate(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
              seq_len: int = 8192, global_batch_tokens: int | None = None,
              global_batch: int | None = None, microbatch_size: int = 1,
              recompute: str = "none", precision: Precision = BF16_MIXED,
-             efficiency: Efficiency = LLAMA3_EFFICIENCY, framework: str | None = None) -> Estimate:
+             efficiency: Efficiency = LLAMA3_EFFICIENCY, framework: str | None = None,
+             stage_split: str = "even") -> Estimate:
     """Predict one training step of `model` split as `parallel` on `cluster`.
 
     The batch is `global_batch_tokens` tokens (default: Llama 3's 16M) or `global_batch`
     sequences, of `seq_len` tokens, in micro-batches of `microbatch_size` sequences per DP
     rank; `parallel.microbatches` is derived from those. `framework` (a name of
     `frameworks.FRAMEWORKS`) sets what that stack does: its kernels (replacing `efficiency`),
-    reduce dtype, DP buckets or units, ZeRO stage and TP overlap. Raises `ConfigError`
+    reduce dtype, DP buckets or units, ZeRO stage and TP overlap. `stage_split`: how layers
+    and the head go to pipeline ranks (`workload.stage_loads`). Raises `ConfigError`
     (naming the flag and the rule) for a layout that cannot run.
     """
     if framework is not None:
         parallel, precision, efficiency = frameworks.apply(frameworks.framework(framework), model,
                                                            parallel, precision)
-    work = make_workload(seq_len, global_batch_tokens, global_batch, microbatch_size, recompute)
+    work = replace(make_workload(seq_len, global_batch_tokens, global_batch, microbatch_size,
+                                 recompute), stage_split=stage_split)
     if parallel.dp >= 1 and work.microbatch_size >= 1 and work.global_batch % (parallel.dp * work.microbatch_size) == 0:
         parallel = parallel.replace(microbatches=work.microbatches(parallel))
     bad = cluster.problems() + layout_problems(model, parallel, work)
@@ -90,7 +93,8 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
     """Compute of one micro-batch on one GPU, by kernel kind:
     {"matmul", "attention", "elementwise", "overhead"} seconds of the pipeline rank that
     sets the pace (`pace_stage`), the per-linear times ("linears": {name: (forward,
-    backward)} of one block) that TP overlap hides behind, and that rank's "layers"."""
+    backward)} of one block) that TP overlap hides behind, that rank's "layers", and the
+    "balance" of the pipeline's ranks (mean over pace rank compute)."""
     tokens = work.tokens_per_microbatch(pc)
     linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster)
     head = (sum(kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster))
@@ -100,6 +104,7 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
     elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
     per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
     layers, head_share = pace_stage(model, pc, work, per_layer, head)
+    loads = [n * per_layer + share * head for n, share in stage_loads(model, pc.pp, work.stage_split)]
     matmul = layers * sum(f + b for f, b in linears.values()) + head * head_share
     attention, elementwise = layers * attention, layers * elementwise
     if work.recompute == "full":                     # the forward again: a third of the work
@@ -114,7 +119,37 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
         elementwise += kernels.stream_seconds(params * 10.0, cluster)
     out = {"matmul": matmul, "attention": attention, "elementwise": elementwise}
     out["overhead"] = eff.overhead * sum(out.values())
-    return {**out, "linears": linears, "layers": layers}
+    # the mean rank's compute over the pace rank's: the pipeline fills and drains through
+    # every rank, so its idle time is counted in the mean rank's micro-batches
+    return {**out, "linears": linears, "layers": layers, "balance": sum(loads) / len(loads) / max(loads)}
+
+
+def pass_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, cluster: Cluster,
+                 eff: Efficiency) -> dict[str, float]:
+    """The kernels of `compute_seconds` split by pass, for one micro-batch on one GPU, as a
+    replay (`minipar.replay`) times each action: one layer's forward "F", its input-gradient
+    backward "B" and weight-gradient "W" (zero-bubble runs them as separate actions), the
+    head and loss "head_F" and "head_B", and the optimizer's update of the rank's share
+    "optimizer" (as `step_extras`). The attention core's backward computes twice its forward (8 h s
+    against 4 h s FLOPs per token), pointwise kernels' backward moves twice its bytes."""
+    tokens = work.tokens_per_microbatch(pc)
+    lins = kernels.layer_linears(model, pc.tp).values()
+    f = sum(kernels.matmul_seconds(tokens, d_out, d_in, cluster) for d_in, d_out in lins)
+    b = sum(kernels.matmul_seconds(tokens, d_in, d_out, cluster) for d_in, d_out in lins)
+    w = sum(kernels.matmul_seconds(d_in, d_out, tokens, cluster) for d_in, d_out in lins)
+    att = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp, cluster, eff.attention)
+    ew = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
+    if work.microbatches(pc) > 1:     # gradient accumulation into fp32, as compute_seconds
+        w += kernels.stream_seconds(kernels.layer_params(model, pc.tp) * 10.0, cluster)
+    head_f, head_b = kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster)
+    loss = kernels.cross_entropy_seconds(tokens, model.vocab_size / pc.tp, cluster, eff.cross_entropy)
+    extra = att / 3 if work.recompute == "selective" else 0.0
+    shards = pc.dp * pc.cp if pc.zero >= 1 else 1
+    k = 1 + eff.overhead
+    return {"F": k * (f + att / 3 + ew / 3), "B": k * (b + 2 * att / 3 + 2 * ew / 3 + extra),
+            "W": k * w, "head_F": k * (head_f + loss / 3), "head_B": k * (head_b + 2 * loss / 3),
+            "optimizer": kernels.optimizer_seconds(param_total_local(model, pc.tp) / pc.pp / shards,
+                                                   cluster)}
 
 
 def pace_stage(model: ModelConfig, pc: ParallelConfig, work: Workload, per_layer: float,
@@ -132,14 +167,15 @@ def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
     h, act = model.dim, precision.act_bytes
     tokens = work.tokens_per_microbatch(pc)
     parts = compute_seconds(model, pc, work, cluster, eff)
-    linears, layers = parts.pop("linears"), parts.pop("layers")
+    linears, layers, balance = parts.pop("linears"), parts.pop("layers"), parts.pop("balance")
     t_tp = layers * tp_exposed_seconds(model, pc, cluster, work, precision, eff, linears)
     ends = (tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
             + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
     t_tp += axis_seconds(ends, "tp", pc, cluster, eff.links, "all_reduce", 5 / pc.pp)
     t_att = parts["attention"] / layers if layers else 0.0    # a stage of the head alone
     t_cp = layers * cp_seconds(model, pc, cluster, work, precision, eff, t_att)
-    return {"compute": sum(parts.values()), "attention": parts["attention"], "tp": t_tp, "cp": t_cp}
+    return {"compute": sum(parts.values()), "attention": parts["attention"], "tp": t_tp, "cp": t_cp,
+            "balance": balance}
 
 
 def step_extras(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
@@ -167,7 +203,9 @@ def _estimate(model, pc: ParallelConfig, cluster, work: Workload, precision, eff
     mb = microbatch_seconds(model, pc, cluster, work, precision, eff)
     t_mb = mb["compute"] + mb["tp"] + mb["cp"]
     bubble = bubble_fraction(pc.schedule, pc.pp, m, pc.virtual_stages)
-    t_pipeline = m * t_mb / (1 - bubble)             # the bubble stretches the step
+    # the bubble stretches the step: bubble / (1 - bubble) of the micro-batches' time, that of
+    # the mean rank (the fill and drain pass through all of them), m of the pace rank's
+    t_pipeline = m * t_mb * (1 + bubble / (1 - bubble) * mb["balance"])
     t_pp = p2p_exposed_seconds(model, pc, cluster, work, precision, eff, t_mb)
     extra = step_extras(model, pc, cluster, work, precision, eff, t_mb)
     step = t_pipeline + t_pp + sum(extra.values())

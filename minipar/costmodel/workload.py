@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import ConfigError, ModelConfig, ParallelConfig, Problem, positive, unknown
+from ..parallel.schedules import rank_layers
 from .constants import TABLE4_BATCH_TOKENS
 
 
@@ -91,7 +92,7 @@ def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload
     return out
 
 
-STAGE_SPLITS = ("even", "nanotron")
+STAGE_SPLITS = ("even", "nanotron", "trainer")
 
 
 def block_costs(model: ModelConfig) -> tuple[float, float]:
@@ -121,10 +122,14 @@ def stage_loads(model: ModelConfig, pp: int, split: str = "even") -> list[tuple[
     """(layers, share of the LM head) of each pipeline rank. "even": n_layers / pp and 1/pp
     of the head on every rank, Llama 3's balance (embedding and head in stages of their
     own, 126 layers + 2 on 128 chunks). "nanotron": `nanotron_split` (80 layers + head on
-    16 ranks: two ranks hold 6 layers, not 5). The busiest rank sets the pipeline's pace
+    16 ranks: two ranks hold 6 layers, not 5). "trainer": minipar's own (`stage_split`: the
+    layers balanced, the whole head on the last rank). The busiest rank sets the pipeline's pace
     (`time.compute_seconds` weighs each by its seconds)."""
     if split not in STAGE_SPLITS:
         raise ConfigError(unknown("stage split", split, STAGE_SPLITS))
     if split == "even" or pp == 1:
         return [(model.n_layers / pp, 1.0 / pp)]
+    if split == "trainer":
+        return [(float(n), float(r == pp - 1)) for r, n in
+                enumerate(rank_layers(model, pp, 1, r) for r in range(pp))]
     return [(float(n), float(h)) for n, h in nanotron_split(model, pp)]

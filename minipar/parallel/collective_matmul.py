@@ -33,7 +33,6 @@ up) in one ring trip, standing in for the reference model's seam `Attention.qkv`
 `MLP.gate_up`); `CollectiveColumnParallelLinear`, the output head; and
 `CollectiveRowParallelLinear`. They compute with the weights `tensor.py` split, unchanged.
 """
-from __future__ import annotations
 
 from typing import Callable
 

@@ -25,7 +25,6 @@ attends to everything, the one holding the start to almost nothing. The load-bal
 `shard_for_context_parallel` gives a rank its tokens and their positions (RoPE uses them).
 Gradients are then summed over dp x cp like data-parallel ones (`grid.dp_cp`).
 """
-from __future__ import annotations
 
 import functools
 import math

@@ -18,7 +18,6 @@ The optimizer is the training loop's: it updates `optimizer_params()`, and the l
 `start_step()`, the backward passes, `finish_backward()`, its clipping and
 `optimizer.step()`, then `after_optimizer_step()`.
 """
-from __future__ import annotations
 
 from typing import Callable, NamedTuple
 

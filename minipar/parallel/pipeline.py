@@ -40,7 +40,6 @@ adds after the data-parallel reduction, before clipping) sums the two over a gro
 two ranks; the head's copy is `mark_replica`-ed along "pp" so the gradient norm counts the
 shared matrix once.
 """
-from __future__ import annotations
 
 import functools
 from typing import NamedTuple

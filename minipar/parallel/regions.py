@@ -18,7 +18,6 @@ through `comm`, so CommLog counts it. Context parallelism's all-gather of K/V re
 `gather_from_group`; its Ulysses variant uses `all_to_all`, whose transpose is the
 all-to-all with the two dimensions swapped.
 """
-from __future__ import annotations
 
 import torch
 

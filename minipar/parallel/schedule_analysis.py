@@ -63,7 +63,7 @@ def check_p2p_plan(plan) -> None:
 # -- a measured run ---------------------------------------------------------------------------
 def pipeline_events(trace: dict, replica: dict | None = None) -> list[dict]:
     """The F/B/W spans of one pipeline replica (the ranks at tp = cp = dp = 0 unless
-    `replica` says otherwise) of a `--profile` trace (`profile.load`), as
+    `replica` says otherwise) of a `--profile` trace (`traces.load`), as
     `timeline_from_events` takes them: rank (the pipeline rank), kind, microbatch, chunk,
     start, end in seconds, and step, in_flight and activation_bytes where recorded. An
     action's step is the `step` span around it (a span's args reach every event inside it)."""

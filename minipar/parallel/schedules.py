@@ -17,7 +17,6 @@ Vocabulary (the field's, as in Megatron-LM and the zero-bubble paper):
   schedules, B = gradient w.r.t. the stage's input and W = gradient w.r.t. its weights.
   Only B sits on the critical path between stages; W can wait to fill a bubble.
 """
-from __future__ import annotations
 
 import functools
 import itertools
@@ -32,7 +31,6 @@ from ..config import ConfigError, ModelConfig, positive, refuse, schedule_proble
 
 class ScheduleError(ValueError):
     """A schedule cannot run: an action is missing or repeated, or the order deadlocks."""
-
 
 class Action(NamedTuple):
     """One unit of pipeline work: `kind` ("F", "B" or "W") of `microbatch` on model `chunk`.

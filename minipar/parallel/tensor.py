@@ -36,7 +36,6 @@ picks the layers of `collective_matmul` (section "Hiding TP communication"): the
 into a block and the reduce-scatter out of it are each cut into t ring steps that run
 behind the matmul they feed.
 """
-from __future__ import annotations
 
 import fnmatch
 

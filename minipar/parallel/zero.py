@@ -14,7 +14,6 @@ one before (`DataParallel`, in `data.py`, is stage 0):
 Every piece of state is cut with one layout, `FlatShards`. The optimizer sees only this
 rank's pieces (`optimizer_params`): that is all "sharding the optimizer state" means.
 """
-from __future__ import annotations
 
 import math
 

@@ -15,7 +15,6 @@ the "input" is the embedding's output; the embedding's own gradient is W's work.
 `SplitBackward` is the executor's strategy for `--schedule zb` (`pipeline.Backward` is the
 one-pass B of every other schedule).
 """
-from __future__ import annotations
 
 import torch
 import torch.nn as nn

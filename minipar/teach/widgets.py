@@ -276,8 +276,10 @@ def fit_figure(**layout):
     return fig
 
 
+FIT_CONTROLS = {**WHATIF_CONTROLS, "model": choice(PRESETS), "precision": choice(PRECISIONS)}
+
+
 def will_it_fit(**defaults):
     """The live "will it fit" explorer: the what-if sliders, plus the model and precision;
     the per-rank memory redraws on every change."""
-    controls = {**WHATIF_CONTROLS, "model": choice(PRESETS), "precision": choice(PRECISIONS)}
-    return explorer(controls, fit_figure, {**FIT_DEFAULTS, **defaults}, split=6)
+    return explorer(FIT_CONTROLS, fit_figure, {**FIT_DEFAULTS, **defaults}, split=6)

@@ -9,14 +9,20 @@
 //   - math that MathJax did not typeset (or typeset as an error);
 //   - a figure shown more than 1.5x smaller than it was drawn (its text would be too small
 //     to read: figures are drawn for the 672 px column, minipar.teach.style.PAGE_WIDTH);
-//   - a code or output block that scrolls sideways (folded cells opened first).
-// It saves a screenshot of each page's first screen under _build/screens/.
+//   - a code or output block that scrolls sideways (folded cells opened first);
+//   - an explorer (book/_ext/explorer_html.py) that does not draw, or whose picture does
+//     not change when its first control moves.
+// It saves a screenshot of each page's first screen under _build/screens/ (and of each
+// explorer after its control moved, explorer-<chapter>.png), prints how long
+// each explorer took to draw after the page's DOMContentLoaded, and writes what each
+// explorer drew for two settings to _build/screens/explorers-drawn.json, which
+// tests/html/test_agreement.py compares with the Python figures (`make test-html`).
 //
 // Usage: node tests/html/check.mjs [_build/html] [_build/screens]
 // Chromium is Debian's (/usr/bin/chromium, or $CHROMIUM), driven by playwright-core.
 
 import { createServer } from "node:http";
-import { readFile, readdir, mkdir, stat } from "node:fs/promises";
+import { readFile, readdir, mkdir, stat, writeFile } from "node:fs/promises";
 import { extname, join, relative, resolve, sep } from "node:path";
 import { chromium } from "playwright-core";
 
@@ -170,10 +176,80 @@ async function inspectInBrowser(tab, base, page, problems) {
   for (const tex of seen.mathErrors) report(`math error: ${tex}`);
   if (seen.rawMath.length) report(`math left as source (${seen.rawMath.length}×): ${seen.rawMath[0]}`);
 
+  seen.explorers = await checkExplorers(tab, report);
+
   // book/intro.html -> book__intro.png: one flat folder of first screens.
   const name = page.replace(/\.html$/, "").split(sep).join("__") + ".png";
   await tab.screenshot({ path: join(SCREENS, name) });
   return seen;
+}
+
+// ---------------------------------------------------------------- the explorers
+
+// Runs in the page: what an explorer gave Plotly (its traces' numbers, its texts) and the
+// SVG Plotly drew from them.
+function readExplorer(chapter) {
+  const el = window.miniparExplorers[chapter];
+  const plot = el.querySelector(".minipar-explorer-plot");
+  return {
+    key: el.minipar.key, values: el.minipar.values, draws: el.minipar.draws,
+    traces: plot.data.map((t) => ({ meta: t.meta, xaxis: t.xaxis, x: t.x, y: t.y,
+                                    fill: t.fill, color: t.fillcolor ?? t.line?.color })),
+    texts: (plot.layout.annotations ?? []).map((a) => a.text),
+    ticks: Object.keys(plot.layout).filter((k) => /^[xy]axis\d*$/.test(k)).sort()
+      .map((k) => ({ axis: k, vals: plot.layout[k].tickvals, text: plot.layout[k].ticktext })),
+    svg: Array.from(plot.querySelectorAll("path")).map((p) => p.getAttribute("d")).join(" "),
+  };
+}
+
+// Moves the first control one step (to its next value, or back to the first) as a reader
+// would, with an input event.
+function moveFirstControl(chapter) {
+  const input = window.miniparExplorers[chapter]
+    .querySelector(".minipar-explorer-controls select, .minipar-explorer-controls input");
+  const count = input.tagName === "SELECT" ? input.options.length : +input.max + 1;
+  input.value = String((+input.value + 1) % count);
+  input.dispatchEvent(new Event("input", { bubbles: true }));
+  return input.name;
+}
+
+// Every explorer on the page must draw, and draw something else when its first control
+// moves. Returns, per chapter, the first draw's time and what was drawn before and after.
+async function checkExplorers(tab, report) {
+  const chapters = await tab.evaluate(() => Array.from(
+    document.querySelectorAll(".minipar-explorer[data-chapter]"), (el) => el.dataset.chapter));
+  const found = [];
+  for (const chapter of chapters) {
+    const drawn = (n) => tab.waitForFunction(
+      ([c, k]) => (window.miniparExplorers?.[c]?.minipar?.draws ?? 0) >= k, [chapter, n],
+      { timeout: PAGE_TIMEOUT_MS });
+    try {
+      await drawn(1);
+    } catch {
+      report(`explorer ${chapter} did not draw`);
+      continue;
+    }
+    // performance.now() counts from the navigation's start; so does the DOMContentLoaded mark
+    const [firstDrawMs, loadedMs] = await tab.evaluate((c) => [
+      window.miniparExplorers[c].minipar.firstDrawMs,
+      performance.getEntriesByType("navigation")[0].domContentLoadedEventStart], chapter);
+    const before = await tab.evaluate(readExplorer, chapter);
+    const moved = await tab.evaluate(moveFirstControl, chapter);
+    try {
+      await drawn(before.draws + 1);
+    } catch {
+      report(`explorer ${chapter}: moving ${moved} did not redraw`);
+      continue;
+    }
+    const after = await tab.evaluate(readExplorer, chapter);
+    await tab.locator(`.minipar-explorer[data-chapter="${chapter}"]`)
+      .screenshot({ path: join(SCREENS, `explorer-${chapter}.png`) });
+    if (JSON.stringify(after.traces) === JSON.stringify(before.traces) || after.svg === before.svg)
+      report(`explorer ${chapter}: moving ${moved} did not change the picture`);
+    found.push({ chapter, firstDrawMs, afterLoadedMs: firstDrawMs - loadedMs, moved,
+                 drawn: [before, after] });
+  }
+  return found;
 }
 
 // An internal link must name a file that exists and, with a #fragment, an id on that page.
@@ -228,6 +304,14 @@ async function main() {
   await checkLinks(base, seenByPage, problems);
   await browser.close();
   server.close();
+
+  const explorers = [...seenByPage.entries()].flatMap(([page, seen]) =>
+    (seen.explorers ?? []).map((e) => ({ page, ...e })));
+  for (const e of explorers)
+    console.log(`explorer ${e.chapter}: first draw ${e.afterLoadedMs.toFixed(0)} ms after ` +
+                `DOMContentLoaded (${e.firstDrawMs.toFixed(0)} ms after the navigation began)`);
+  await writeFile(join(SCREENS, "explorers-drawn.json"), JSON.stringify(explorers));
+  console.log(`explorers: ${explorers.length} drew and redrew`);
 
   const failed = new Set(problems.map((p) => p.split(": ")[0]));
   for (const problem of problems) console.log(`FAIL ${problem}`);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from ... import profile
+from ... import traces
 from ...config import ParallelConfig
 from ...costmodel.hardware import LLAMA3_CLUSTER, Cluster
 from ...grid import AXES, ProcessGrid
@@ -95,14 +95,14 @@ CASES = [   # (compute intervals, communication intervals) in microseconds
 
 def reference_exposed(compute, comm) -> float:
     """The time in `comm` not covered by `compute`: profile's union, subtract and length."""
-    return profile.length(profile.subtract(profile.union(comm), profile.union(compute)))
+    return traces.length(traces.subtract(traces.union(comm), traces.union(compute)))
 
 
 @exercise("cluster", "implement")
 def check_exposed(exposed) -> Verdict:
     """exposed(compute, comm) -> float: given a rank's compute intervals and one axis'
     communication intervals [(start, end), ...], the communication time during which the
-    rank computed nothing (what `profile.hidden_and_exposed` calls exposed)."""
+    rank computed nothing (what `traces.hidden_and_exposed` calls exposed)."""
     problem = function_given(exposed)
     if problem is not None:
         return problem

@@ -196,6 +196,19 @@ def predicted(prediction, measured, what: str, rel: float, why: str, unit: str =
     return wrong(f"{report}; more than {tolerance(rel)} apart ({why}).{details}")
 
 
+# A replayed number (`minipar.replay`) splits a layer's time over its collectives in
+# proportion to the CPU's timing of the recorded run, so it moves by a few percent from one
+# recording to the next: the replay checks accept 15%, and say why.
+REPLAY_WHY = ("the replay splits a layer's time over its collectives as the CPU's timing of "
+              "the recorded run did, which varies by a few percent from run to run")
+
+
+def apart(hints, truth: float, rel: float) -> list:
+    """The hints (value, message) far enough from `truth` that a right answer never gets
+    one's message (a hint is matched within `rel` of its value)."""
+    return [(v, m) for v, m in hints if not math.isclose(v, truth, rel_tol=2 * rel)]
+
+
 def function_given(fn) -> Verdict | None:
     """None when `fn` is a function to run, else the verdict that says why not."""
     if fn is None:

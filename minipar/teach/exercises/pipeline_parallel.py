@@ -15,14 +15,15 @@ import tempfile
 
 from ...config import ParallelConfig
 from ...parallel import pipeline
-from ... import profile
+from ... import traces
 from ...parallel.schedule_analysis import (check_p2p_plan, peak_in_flight, pipeline_events,
                                            timeline_from_events)
 from ...parallel.schedules import Action, ScheduleError, make_schedule, p2p_plan, simulate
 from ...config import TrainConfig
 from ...train import train
-from .core import (Verdict, compare_calls, exercise, function_given, hidden, near, number,
-                   predicted, reveals, right, wrong)
+from .. import replays
+from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given, hidden,
+                   near, number, predicted, reveals, right, wrong)
 from .units import read
 
 
@@ -178,7 +179,7 @@ def measured_pipeline(schedule: str = "1f1b", p: int = 2, m: int = 4, steps: int
     path = tempfile.mkdtemp(prefix="minipar-pp-")
     train(TrainConfig(parallel=ParallelConfig(pp=p, schedule=schedule, microbatches=m),
                       global_batch=2 * m, seq_len=64, steps=steps, progress=False, profile=path))
-    events = pipeline_events(profile.load(path))
+    events = pipeline_events(traces.load(path))
     last = max(e["step"] for e in events)
     return timeline_from_events([e for e in events if e["step"] == last])
 
@@ -218,6 +219,28 @@ def check_predict_bubble(prediction, p: int = 2, m: int = 4, reveal: bool = Fals
         f"{fed:.3f}: the rest is time no action accounts for (transfers, Python, cores shared "
         f"with other work).")).lstrip()
     return verdict
+
+
+# ---------------------------------------------------------------- predict, then replay
+@exercise("pipeline_parallel", "predict")
+def check_replayed_bubble(prediction, reveal: bool = False) -> Verdict:
+    """Predict the bubble fraction of 1F1B with p = 4 and m = 8 (`--pp 4 --microbatches 8`)
+    replayed at Llama 3 8B's shapes on H100s, where the last stage also computes the output
+    head and the loss; the check replays it (`teach.replays`, the chapter's figure)."""
+    what = "the replayed 1F1B bubble"
+    if prediction is None and not reveal:
+        return predicted(None, 0.0, what, 0.1, REPLAY_WHY)
+    truth = replays.replayed("pipeline_parallel").bubble_fraction
+    formula = replays.estimated("pipeline_parallel").bubble_fraction
+    hints = [(formula, "that is (p-1)/(m+p-1), for equal stages. The last stage is slower (the "
+                       "head and the loss): in the steady state every stage waits for it, and "
+                       "the first micro-batch still fills, the last drains, through the others."),
+             (truth / (1 - truth), "that is idle over busy time; the fraction is idle over "
+                                   "the whole area, makespan x ranks.")]
+    inter = replays.replayed("pipeline_parallel_interleaved").bubble_fraction
+    details = f" Interleaved with v = 2, the same run's replayed bubble is {inter:.0%}."
+    return predicted(prediction, truth, what, 0.1, REPLAY_WHY, reveal=reveal,
+                     hints=apart(hints, truth, 0.1), details=details, against="the replay")
 
 
 __all__ = [n for n in dir() if n.startswith("check_")]

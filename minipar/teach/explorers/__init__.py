@@ -3,8 +3,12 @@
 Each module `explorers/<chapter>.py` has two functions and its controls, in the one shape
 of `teach/widgets.explorer`:
 - `figure(**values)`: a pure drawing function that returns a matplotlib Figure. The
-  chapter's page shows it with its default values (``{mpfig} explorers.<chapter>.figure``),
-  because a static page has no kernel;
+  chapter's page (``{explorer} <chapter>``, book/_ext/explorer_html.py) shows it drawn
+  ahead of time for the settings `WEB` lists, because a static page has no kernel: the
+  build reads each picture back as data (`teach.web`) and the browser draws it again with
+  Plotly as its controls move; the default's picture is the fallback without JavaScript;
+- `WEB`: the settings the HTML page offers, control name -> a few of its values (the
+  first control's move must change the picture; the others stay at `DEFAULTS`);
 - `CONTROLS`: what the reader moves, declared as data (`widgets.choice`, `powers`, ...;
   the memory and MFU explorers use `widgets`' own, "will it fit" and the what-if);
 - `explore(**defaults)`: the live explorer of the notebook; it redraws `figure` whenever a

@@ -51,6 +51,11 @@ CONTROLS = {"tp": choice([1, 2, 4, 8]), "cp": choice([1, 2, 4, 8, 16]), "pp": ch
             "pod_size": choice([16, 32, 64, 3072])}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8], "gpus_per_node": [4, 8]}
+
+
 def explore(**defaults):
     """Dropdowns over `figure`."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

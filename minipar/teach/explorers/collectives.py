@@ -54,6 +54,12 @@ CONTROLS = {"n": powers(1, 14, "ranks n"), "size_mb": log_slider(-3, 4, "S (MB)"
             "bandwidth_GBps": log_slider(-1, 3, "B (GB/s)")}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"n": [8, 64, 512], "algorithm": list(ALL_REDUCE_ALGORITHMS),
+       "size_mb": [1.0, 25.0, 1000.0]}
+
+
 def explore(**defaults):
     """Sliders for n, S, the algorithm, alpha and the link's bandwidth."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -89,6 +89,11 @@ CONTROLS = {"cp": powers(1, 6), "impl": choice(IMPLS), "seq_len": powers(11, 20,
             "layout": choice(CP_LAYOUTS), "tp": steps([1, 2, 4, 8])}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"cp": [2, 4, 8, 16, 32], "impl": list(IMPLS), "seq_len": [32768, 131072]}
+
+
 def explore(**defaults):
     """Sliders for cp, the implementation, the sequence length, the layout and TP."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -48,6 +48,12 @@ CONTROLS = {"model": choice(PRESETS), "model_parallel": powers(0, 10, "TP x PP")
             "hbm_gb": slider(16.0, 192.0, 8.0, "HBM GB")}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"dp": [1, 4, 16, 64, 256, 1024], "model": ["llama3-8b", "llama3-70b", "llama3-405b"],
+       "model_parallel": [16, 128]}
+
+
 def explore(**defaults):
     """Sliders for the model, TP x PP, DP and the bytes per parameter of each part."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=4)

@@ -59,6 +59,12 @@ CONTROLS = {"interval_min": log_slider(-0.5, 3, "interval (min)"),
             "restart_s": slider(0.0, 1800.0, 30.0, "restart (s)")}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"interval_min": [1.0, 3.0, 10.0, 30.0, 100.0],
+       "mtbf_h": [1.0, DEFAULTS["mtbf_h"], 10.0], "write_s": [DEFAULTS["write_s"], 60.0]}
+
+
 def explore(**defaults):
     """Sliders over `figure`."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=2)

@@ -46,6 +46,11 @@ CONTROLS = {"tp": choice([1, 2, 4]), "pp": choice([1, 2, 4]), "layers": choice([
             "ffn": choice([256, 384, 512]), "vocab": choice([256, 512, 1024])}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"tp": [1, 2, 4], "pp": [1, 2, 4], "layers": [4, 8, 16]}
+
+
 def explore(**defaults):
     """Dropdowns over `figure`."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=4)

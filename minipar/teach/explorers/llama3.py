@@ -61,6 +61,11 @@ CONTROLS = {"tp": powers(0, 4), "cp": powers(0, 5), "pp": powers(0, 6), "dp": po
             "pod_size": choice([1024, 2048, 3072, 4096], "pod GPUs")}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"cp": [1, 2, 4, 8, 16, 32], "tp": [2, 4, 8], "pp": [8, 16]}
+
+
 def explore(**defaults):
     """Sliders over the four degrees, the sequence and the pod size."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

@@ -12,6 +12,9 @@ from __future__ import annotations
 from ..widgets import FIT_DEFAULTS, fit_figure, will_it_fit
 
 DEFAULTS = dict(FIT_DEFAULTS)
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built; the controls are teach.widgets.FIT_CONTROLS); the others stay at DEFAULTS.
+WEB = {"pp": [4, 8, 16], "zero": [0, 1, 2, 3], "recompute": ["none", "selective", "full"]}
 
 
 def figure(**values):

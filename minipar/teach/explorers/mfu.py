@@ -11,6 +11,9 @@ from __future__ import annotations
 from ..widgets import WHATIF_DEFAULTS, whatif, whatif_figure
 
 DEFAULTS = dict(WHATIF_DEFAULTS)
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built; the controls are teach.widgets.WHATIF_CONTROLS); the others stay at DEFAULTS.
+WEB = {"tp": [1, 2, 4, 8, 16], "pp": [8, 16], "schedule": ["1f1b", "interleaved", "zb"]}
 
 
 def figure(**layout):

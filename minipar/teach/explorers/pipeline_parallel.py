@@ -54,6 +54,11 @@ CONTROLS = {"schedule": choice(SCHEDULES), "p": slider(1, 8), "m": slider(1, 32)
             "t_comm": slider(0.0, 1.0, 0.05)}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"schedule": list(SCHEDULES), "p": [2, 4, 8], "m": [4, 8, 16]}
+
+
 def explore(**defaults):
     """Controls for the schedule, p, m, v and the times of F, B, W and a transfer."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=4)

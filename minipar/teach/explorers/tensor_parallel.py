@@ -77,6 +77,12 @@ CONTROLS = {"t": steps(TPS), "link_GBps": log_slider(0, 3.3, "link GB/s"),
             "tflops": slider(100.0, 900.0, 10.0, "TFLOP/s")}
 
 
+# The settings the HTML book offers (teach/web.py draws each combination when the book is
+# built); the other controls stay at DEFAULTS.
+WEB = {"t": list(TPS), "model": ["llama3-405b", "llama3-70b", "llama3-8b"],
+       "seq_len": [8192, 131072]}
+
+
 def explore(**defaults):
     """Sliders for t, the link, the sequence, the micro-batch and the throughput."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3)

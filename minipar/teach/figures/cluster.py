@@ -6,7 +6,7 @@ The placement pictures are drawn from `ProcessGrid` and the cluster's shape
 of ranks crosses), nothing recomputed here.
 
 One band per rank: its computation on top (F, B, W and the optimizer), then a row per axis
-on which it communicated, each collective's time split by `profile.hidden_and_exposed` into
+on which it communicated, each collective's time split by `traces.hidden_and_exposed` into
 hidden (the rank computed meanwhile) and exposed (it waited). The figure reads the same
 file the reader opens in ui.perfetto.dev.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ... import profile
+from ... import traces
 from ...costmodel.hardware import Cluster
 from ...grid import AXES, ProcessGrid
 from ... import placement as place
@@ -28,7 +28,7 @@ def step_window(trace: dict, step: int | None = None) -> tuple[int, float, float
     """(step, start, end) in microseconds: the span of that step over all ranks (default:
     the last step recorded)."""
     windows = {}
-    for e in profile.spans(trace, "step"):
+    for e in traces.spans(trace, "step"):
         a, b = windows.get(e["args"]["step"], (float("inf"), float("-inf")))
         windows[e["args"]["step"]] = (min(a, e["ts"]), max(b, e["ts"] + e["dur"]))
     step = max(windows) if step is None else step
@@ -40,18 +40,18 @@ def plot_trace_tracks(trace: dict, step: int | None = None, ax=None, title: str 
     time green where hidden behind computation and red where exposed. Times in ms from
     the step's start."""
     step, t0, t1 = step_window(trace, step)
-    pids = sorted({e["pid"] for e in profile.spans(trace)})
+    pids = sorted({e["pid"] for e in traces.spans(trace)})
     rows = []                                   # (pid, label, drawer)
     for pid in pids:
         rows.append((pid, "compute", None))
-        split = profile.hidden_and_exposed(trace, pid, t0, t1)
-        rows += [(pid, axis, split[axis]) for axis in profile.AXES if axis in split]
+        split = traces.hidden_and_exposed(trace, pid, t0, t1)
+        rows += [(pid, axis, split[axis]) for axis in traces.AXES if axis in split]
     if ax is None:
         _, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.9, 0.32 * len(rows) + 1.2))
     ms = lambda t: (t - t0) / 1e3  # noqa: E731 - microseconds since the step began -> ms
     for y, (pid, label, split) in enumerate(rows):
         if split is None:
-            for e in profile.spans(trace, "compute", pid):
+            for e in traces.spans(trace, "compute", pid):
                 if t0 <= e["ts"] <= t1:
                     ax.barh(y, e["dur"] / 1e3, left=ms(e["ts"]), height=0.8,
                             color=COLORS[e["args"]["kind"]] if e["args"].get("kind") in
@@ -68,7 +68,7 @@ def plot_trace_tracks(trace: dict, step: int | None = None, ax=None, title: str 
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel(f"time since step {step} began (ms)")
     kinds = [k for k in ("F", "B", "W") if any(e["args"].get("kind") == k
-                                               for e in profile.spans(trace, "compute"))]
+                                               for e in traces.spans(trace, "compute"))]
     handles = [Patch(color=COLORS[k], label=k) for k in kinds] + [
         Patch(color=GREY, label="optimizer"), Patch(color=HIDDEN, label="comm, hidden"),
         Patch(color=EXPOSED, label="comm, exposed")]
@@ -82,7 +82,7 @@ def plot_trace_tracks(trace: dict, step: int | None = None, ax=None, title: str 
 def plot_exposure(runs: dict, ax=None, title: str | None = None):
     """Stacked bars, one per run: the communication time of the axis each run is about,
     hidden (green) and exposed (red), per rank and step in ms. runs: {label: (axis, row)},
-    row as `profile.exposure` gives it, `steps` the steps it covers (default 1)."""
+    row as `traces.exposure` gives it, `steps` the steps it covers (default 1)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.45 * len(runs) + 1.2))
     labels = list(runs)

@@ -17,6 +17,8 @@ from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.schedules import stage_layer_counts
 from ...parallel.context import (block_forward, local_positions, merge, ring_steps, zigzag_chunks)
 from ...parallel.context_analysis import attention_work, contiguous_chunks
+from .. import replays
+from .replayed import plot_replayed
 from ..style import COLORS, PAGE_WIDTH, log2_ticks
 
 CP_LAYOUTS = {"contiguous": contiguous_chunks, "zigzag": zigzag_chunks}
@@ -317,3 +319,12 @@ def plot_lse_merge(n_keys: int = 12, split: int = 5, seed: int = 0):
     axes[0].set_ylabel("attention weight")
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ at H100 speed
+def plot_replayed_cp():
+    """Ring and all-gather attention, recorded on two gloo ranks and replayed at Llama 3 8B's
+    shapes and 32K tokens on H100s: rank 0's compute and CP communication. The ring passes
+    each K/V block while the previous one's attention runs; the all-gather waits for all."""
+    return plot_replayed({"ring": replays.replayed("context_parallel"),
+                          "all-gather": replays.replayed("context_parallel_allgather")}, "cp")

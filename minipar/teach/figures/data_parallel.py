@@ -12,11 +12,13 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from ... import profile
+from ... import traces
 from ...config import ModelConfig
 from ...formulas.data_parallel import bucket_timeline, zero_bytes_per_param, zero_shards
 from ...model import Transformer
 from ...parallel.data import make_buckets
+from .. import replays
+from .replayed import plot_replayed
 from ..style import COLORS, MEMORY_PARTS, PAGE_WIDTH, formula_marks, stacked_bars
 
 
@@ -25,9 +27,9 @@ def overlap_from_trace(trace: dict, pid: int = 0, step: int | None = None) -> li
     forward, backward, backward-end and synced marks, and per data-parallel collective
     ("bucket", in launch order) its launch, completion and the return of the wait that
     found it. Times in seconds from the forward's start. Pure."""
-    windows = profile.step_windows(trace, pid)
+    windows = traces.step_windows(trace, pid)
     a, b = windows[max(windows) if step is None else step]
-    inside = lambda cat: [e for e in profile.spans(trace, cat, pid) if a <= e["ts"] <= b]  # noqa: E731
+    inside = lambda cat: [e for e in traces.spans(trace, cat, pid) if a <= e["ts"] <= b]  # noqa: E731
     passes = {k: [e for e in inside("compute") if e["args"].get("kind") == k] for k in "FB"}
     t0 = min(e["ts"] for e in passes["F"])
     sec = lambda t: (t - t0) / 1e6  # noqa: E731
@@ -248,3 +250,12 @@ def plot_bucket_overlap(model: str = "tiny", n: int = 8, bucket_mbs=(0, 0.25),
     ax[0].legend(fontsize=8, loc="upper right")
     ax[-1].set_xlabel("seconds into the backward pass (model: alpha-beta, one link)")
     return ax
+
+
+# ------------------------------------------------------------------ at H100 speed
+def plot_replayed_dp():
+    """Bucketed and naive DP, recorded on two gloo ranks and replayed at Llama 3 8B's shapes
+    on H100s (`teach.replays`): rank 0's compute and its DP communication, hidden or
+    exposed. The buckets ride under the backward; the naive all-reduces all wait for it."""
+    return plot_replayed({"bucketed": replays.replayed("data_parallel"),
+                          "naive (--bucket-mb 0)": replays.replayed("data_parallel_naive")}, "dp")

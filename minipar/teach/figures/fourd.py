@@ -19,6 +19,7 @@ from ...costmodel.evaluate import predict
 from ...formulas.pipeline_parallel import bubble_fraction
 from ...grid import AXES, ProcessGrid
 from ..numbers.fourd import DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, worked_cluster, worked_plan
+from .. import replays
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
 
@@ -310,3 +311,47 @@ def fit_rule():
     runs, held = published_runs(), held_out_runs()
     return plot_fit([100 * r.mfu for r in runs], [100 * predict(r) for r in runs],
                     [100 * r.mfu for r in held], [100 * predict(r) for r in held])
+
+
+# ------------------------------------------------------------------ Llama 3, replayed
+STEP_PARTS = {"compute": "compute and optimizer", "tp": "TP exposed", "pp": "PP exposed",
+              "dp": "DP exposed", "bubble": "bubble"}
+
+
+def replayed_parts(run) -> dict[str, float]:
+    """A replayed step's seconds by part: each axis's exposed time, the bubble (idle, neither
+    computing nor communicating) and the rest, which is computation."""
+    parts = {a: run.exposed_s[a] for a in ("tp", "pp", "dp")}
+    parts["bubble"] = run.bubble_fraction * run.step_time_s
+    return {"compute": run.step_time_s - sum(parts.values()), **parts}
+
+
+def estimated_parts(est) -> dict[str, float]:
+    """The cost model's step by the same parts (its compute includes the optimizer)."""
+    t = est.time_breakdown_s
+    return {"compute": t["compute"] + t["optimizer"], **{k: t[k] for k in ("tp", "pp", "dp", "bubble")}}
+
+
+def plot_llama3_replayed_parts():
+    """Table 4's first row as it runs (PP16 interleaved, TP8 with SP, DP64):
+    where one step's time goes, replayed on H100s from the program of 32 gloo ranks, and as
+    the cost model estimates the same step. Each bar adds up to the step."""
+    bars = {"replayed": replayed_parts(replays.replayed("llama3")),
+            "cost model,\nsame step": estimated_parts(replays.estimated("llama3"))}
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 0.5, 2.2))
+    for y, (label, parts) in enumerate(bars.items()):
+        left = 0.0
+        for part, seconds in parts.items():
+            colour = COLORS["tp time" if part == "tp" else part]     # blue is compute's
+            ax.barh(y, seconds, left=left, color=colour, height=0.6,
+                    label=STEP_PARTS[part] if y == 0 else None)
+            left += seconds
+        ax.text(left, y, f" {left:.3g} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels(list(bars), fontsize=8)
+    ax.set_ylim(len(bars) - 0.5, -0.5)
+    ax.set_xlim(0, 1.12 * max(sum(p.values()) for p in bars.values()))
+    ax.set_xlabel("seconds of one step, per GPU")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=7, frameon=False)
+    fig.tight_layout()
+    return fig

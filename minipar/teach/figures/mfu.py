@@ -15,6 +15,7 @@ from ...costmodel import (LLAMA3_CLUSTER, TABLE4, table4,
                           wire_seconds)
 from ...config import ModelConfig
 from ...flops import attention_flops_per_token, dense_flops_per_token
+from .. import replays
 from ..style import AXES, AXIS_NAMES, COLORS, PAGE_WIDTH, stacked_bars
 
 
@@ -171,3 +172,25 @@ def flops_per_token_figure(model_name: str = "llama3-405b", seq_lens=(2048, 8192
     fig.tight_layout()
     return fig
 
+
+# ------------------------------------------------------------------ Llama 3, replayed
+def plot_llama3_replayed_mfu():
+    """The MFU of Table 4's first row four ways: published; replayed on H100s from the
+    program of 32 gloo ranks (`teach.replays`, run "llama3"); the cost model told the same
+    program (its gradients reduced in per-layer units); and the cost model as
+    this chapter fits Table 4 (`costmodel.table4`)."""
+    bars = {"published\n(Table 4)": (TABLE4[0].mfu, COLORS["reference"]),
+            "replayed\n(this program)": (replays.replayed("llama3").mfu, COLORS["pp"]),
+            "cost model,\nthis program": (replays.estimated("llama3").mfu, COLORS["compute"]),
+            "cost model,\nTable 4 fit": (table4()[0][1].mfu, COLORS["tp time"])}
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 1.5, 2.8))
+    for x, (label, (mfu, colour)) in enumerate(bars.items()):
+        ax.bar(x, 100 * mfu, 0.6, color=colour)
+        ax.text(x, 100 * mfu + 0.8, f"{mfu:.0%}", ha="center", fontsize=8)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(list(bars), fontsize=8)
+    ax.set_ylabel("MFU (%)")
+    ax.set_ylim(0, 65)
+    ax.set_title("Llama 3 405B, TP8 CP1 PP16 DP64 on 8,192 H100s", fontsize=9)
+    fig.tight_layout()
+    return fig

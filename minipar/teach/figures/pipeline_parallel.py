@@ -10,9 +10,10 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
 from ...formulas.pipeline_parallel import bubble_fraction
-from ... import profile
+from ... import traces
 from ...parallel.schedule_analysis import pipeline_events, timeline_from_events
 from ...parallel.schedules import Timeline, make_schedule, simulate
+from .. import replays
 from ..style import COLORS, GREY, PAGE_WIDTH, lighter
 
 PASSES = ("F", "B", "W")
@@ -56,7 +57,7 @@ def plot_schedule(schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float = 0.0
 def plot_trace(path, ax=None, title=None):
     """The Gantt chart of a measured run (`python -m minipar.train ... --profile DIR`): the
     pipeline actions of one replica, every step."""
-    events = pipeline_events(profile.load(path))
+    events = pipeline_events(traces.load(path))
     ax = plot_schedule(timeline_from_events(events), ax=ax, title=title)
     ax.set_xlabel("time (s)")
     return ax
@@ -93,3 +94,98 @@ def plot_named_schedule(name: str, p: int = 4, m: int = 8, v: int = 1, t_f: floa
     return plot_schedule(tl, ax=ax, title=title or (
         f"{name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")
         + f": bubble {tl.bubble_fraction:.1%} (simulated)"))
+
+
+# ------------------------------------------------------------------ at H100 speed
+def plot_replayed_schedules():
+    """1F1B and interleaved 1F1B (v = 2), p = 4 and m = 8, recorded on four gloo ranks and
+    replayed at Llama 3 8B's shapes on H100s: each rank's forwards and backwards as the
+    replay timed them (a box per layer), and the bubble the replay measured beside the
+    formula's (p-1)/(v m+p-1)."""
+    fig, axs = plt.subplots(2, 1, sharex=True, figsize=(PAGE_WIDTH - 0.5, 5.0))
+    makespans = []
+    for ax, (name, label) in zip(axs, (("pipeline_parallel", "1F1B"),
+                                       ("pipeline_parallel_interleaved", "interleaved, v = 2"))):
+        run = replays.replayed(name)
+        tl = timeline_from_events(pipeline_events(run.trace))
+        makespans.append(tl.makespan)
+        plot_schedule(tl, ax=ax, title=f"{label}, replayed: bubble {run.bubble_fraction:.0%} "
+                                       f"(formula {replays.estimated(name).bubble_fraction:.0%})")
+    axs[0].set_xlabel("")
+    axs[1].set_xlabel("time (s) on H100s")
+    axs[0].set_xlim(0, max(makespans))            # one clock: the shorter step ends earlier
+    fig.tight_layout()
+    return fig
+
+
+def _tp0_pipeline(trace: dict) -> dict[int, int]:
+    """{pid: pipeline rank} of the ranks at tp = cp = dp = 0: one pipeline of the run."""
+    coords = {int(pid): c for pid, c in trace["otherData"]["minipar"]["ranks"].items()}
+    return {pid: c["pp"] for pid, c in coords.items()
+            if c.get("tp", 0) == c.get("cp", 0) == c.get("dp", 0) == 0}
+
+
+# what a rank waited on: its DP reduce-scatters, a pipeline neighbour, its TP group, or
+# the last ranks (the world's loss all-reduce ends the step)
+WAITING = {"dp": (COLORS["dp"], "waiting for DP"), "pp": (COLORS["pp"], "waiting for PP"),
+           "tp": ("#333333", "waiting for TP"), "world": ("#CCCCCC", "waiting for the step's end")}
+
+
+def _waited_axis(events: list[dict]) -> dict[float, str]:
+    """{end time: axis} of a rank's communication: a wait ends when what it waited for
+    arrives, so the span that ends with it names the axis it waited on."""
+    return {round(e["ts"] + e["dur"], 1): e["args"]["axis"] for e in events
+            if e["cat"] == "comm"}
+
+
+def _llama3_bars(trace: dict, rows: dict[int, int]) -> dict[tuple, list]:
+    """{(row, colour, height): [(start, width) s]}: one broken bar per row and colour, so
+    the figure draws its ~100,000 spans in a few calls."""
+    mine = {pid: [] for pid in rows}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["pid"] in mine:
+            mine[e["pid"]].append(e)
+    bars = {}
+    for pid, events in mine.items():
+        waited = _waited_axis(events)
+        for e in events:
+            kind = e["args"].get("kind")
+            if e["cat"] == "compute":
+                key = (COLORS[kind] if kind in PASSES else GREY, 0.7)
+            elif e["cat"] == "comm" and e["args"].get("axis") == "pp":
+                key = ("black", 0.15)
+            elif e["cat"] == "wait":
+                axis = waited.get(round(e["ts"] + e["dur"], 1), "world")
+                key = (WAITING[axis][0], 0.7)
+            else:
+                continue
+            bars.setdefault((rows[pid], *key), []).append((e["ts"] / 1e6, e["dur"] / 1e6))
+    return bars
+
+
+def plot_llama3_replay(ax=None):
+    """Llama 3 405B's step as Table 4's first row runs it (PP16 interleaved, v = 8, 32
+    micro-batches, TP8 with SP, DP64): the program recorded on 32 gloo ranks
+    and replayed on H100s (`teach.replays`, run "llama3"). One row per pipeline stage of
+    TP rank 0: forwards and backwards, a thin line under them for each pipeline transfer,
+    and where the rank waited, coloured by the axis it waited on."""
+    run = replays.replayed("llama3")
+    rows = _tp0_pipeline(run.trace)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(PAGE_WIDTH - 1.9, 4.6))    # the legend takes the rest
+    for (y, colour, height), spans in _llama3_bars(run.trace, rows).items():
+        offset = 0.45 if height < 0.5 else 0.0          # transfers under the compute row
+        ax.broken_barh(spans, (y + offset - height / 2, height), color=colour, linewidth=0)
+    n = len(rows)
+    ax.set_ylim(n - 0.3, -0.6)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"stage {r}" for r in range(n)], fontsize=7)
+    ax.set_xlim(0, run.step_time_s)
+    ax.set_xlabel("time (s) on H100s, one step")
+    ax.legend(handles=[Patch(color=COLORS["F"], label="F"), Patch(color=COLORS["B"], label="B"),
+                       Patch(color=GREY, label="optimizer"), Patch(color="black", label="pp transfer")]
+              + [Patch(color=c, label=label) for c, label in WAITING.values()],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    ax.set_title(f"Llama 3 405B, Table 4 row 1, replayed: step {run.step_time_s:.2g} s, "
+                 f"bubble {run.bubble_fraction:.0%}, MFU {run.mfu:.0%}", fontsize=9)
+    return ax.figure

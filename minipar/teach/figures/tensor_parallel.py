@@ -14,6 +14,8 @@ from matplotlib.patches import FancyBboxPatch
 
 from ...parallel.collective_matmul import gather_chunk, scatter_chunk
 from ...parallel.tensor import TP_PLAN
+from .. import replays
+from .replayed import plot_replayed
 from ..style import (COLORS, MEMORY_PARTS, PAGE_WIDTH, SMALL, formula_marks, lighter, log2_ticks,
                      stacked_bars)
 
@@ -196,3 +198,13 @@ def plot_megatron_block(t: int = 2, sp: bool = False, ax=None):
                  + ":\n" + ", ".join(f"{n} ({'+'.join(c)} | {'+'.join(r)})" for n, c, r in plan),
                  fontsize=9)
     return ax
+
+
+# ------------------------------------------------------------------ at H100 speed
+def plot_replayed_tp():
+    """Plain SP and the collective matmul (`--tp-overlap`), recorded on two gloo ranks and
+    replayed at Llama 3 8B's shapes on H100s: rank 0's compute and TP communication. The
+    plain layer waits for each all-gather and reduce-scatter; the ring hides behind the
+    matmul of the chunk it already has."""
+    return plot_replayed({"plain SP": replays.replayed("tensor_parallel"),
+                          "collective matmul": replays.replayed("tensor_parallel_overlap")}, "tp")

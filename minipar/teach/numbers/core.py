@@ -78,6 +78,18 @@ def assumed(value, fmt: str = "{:,}", source: str = "", quantity: str = "") -> N
     return Number(value, fmt, "assumption", source, quantity)
 
 
+def two_digits(x: float) -> float:
+    """`x` rounded to two significant digits (write it with "{:g}"): what a replay states,
+    whose split of a layer over its collectives follows the CPU's timing and varies by a few
+    percent from run to run."""
+    return float(f"{x:.2g}")
+
+
+def replayed_ms(seconds: float, source: str) -> Number:
+    """A replayed time in ms, two significant digits (`two_digits`), derived."""
+    return derived(two_digits(seconds * 1e3), "{:,g} ms", source)
+
+
 def merge(modules: dict[str, dict[str, Number]]) -> dict[str, Number]:
     """{"module.key": Number} from each module's numbers(). Keys are unique by construction;
     a quantity named by two keys is an error that names both."""

@@ -18,7 +18,8 @@ from ...flops import flops_per_token
 from ...formulas.data_parallel import dp_bytes
 from ...flops import layer_param_count, param_count
 from ...formulas.collectives import wire_bytes
-from .core import Number, derived
+from .. import replays
+from .core import Number, derived, replayed_ms
 
 GB = 1e9
 
@@ -82,6 +83,19 @@ def _llama3_tp(m: ModelConfig) -> dict[str, Number]:
     }
 
 
+def _replayed() -> dict[str, Number]:
+    """Plain SP and the collective matmul replayed at Llama 3 8B's shapes on H100s."""
+    plain, ring = replays.replayed("tensor_parallel"), replays.replayed("tensor_parallel_overlap")
+    src = "replays.replayed('{}'), rank mean"
+    return {
+        "replay_plain_exposed": replayed_ms(plain.exposed_s["tp"], src.format("tensor_parallel")),
+        "replay_overlap_exposed": replayed_ms(ring.exposed_s["tp"],
+                                              src.format("tensor_parallel_overlap")),
+        "replay_overlap_faster": derived(1 - ring.step_time_s / plain.step_time_s, "{:.0%}",
+                                         "replayed step times, 1 - overlapped / plain"),
+    }
+
+
 def numbers() -> dict[str, Number]:
     m = ModelConfig.preset("llama3-405b")
-    return {**_why_not_data_parallel(m), **_vocab(m), **_llama3_tp(m)}
+    return {**_why_not_data_parallel(m), **_vocab(m), **_llama3_tp(m), **_replayed()}
