@@ -288,8 +288,8 @@ def dp_rule(dps=(8, 32, 128, 512), frameworks=DP_FRAMEWORKS):
 # ------------------------------------------------------------ the physics against published runs
 def plot_fit(published: list[float], predicted: list[float], held_published: list[float],
              held_predicted: list[float], band: float = 3.0):
-    """Predicted against published MFU (%): the calibration rows the constants were fitted
-    on (filled), the held-out runs they never saw (open), and the +-`band` points target."""
+    """Predicted against published MFU (%): the evaluation rows (filled; nothing is fitted
+    to them), the held-out runs (open), and the +-`band` points target."""
     fig, ax = plt.subplots(figsize=(5.2, 5))
     top = 5 * (max(published + predicted + held_published + held_predicted) // 5 + 1)
     ax.fill_between([0, top], [-band, top - band], [band, top + band], color="0.9",

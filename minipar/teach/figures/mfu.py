@@ -177,12 +177,12 @@ def flops_per_token_figure(model_name: str = "llama3-405b", seq_lens=(2048, 8192
 def plot_llama3_replayed_mfu():
     """The MFU of Table 4's first row four ways: published; replayed on H100s from the
     program of 32 gloo ranks (`teach.replays`, run "llama3"); the cost model told the same
-    program (its gradients reduced in per-layer units); and the cost model as
-    this chapter fits Table 4 (`costmodel.table4`)."""
+    program (its gradients reduced in per-layer units); and the cost model's prediction of
+    the row under Llama 3's stack (`costmodel.table4`: balanced stages; nothing fitted)."""
     bars = {"published\n(Table 4)": (TABLE4[0].mfu, COLORS["reference"]),
             "replayed\n(this program)": (replays.replayed("llama3").mfu, COLORS["pp"]),
             "cost model,\nthis program": (replays.estimated("llama3").mfu, COLORS["compute"]),
-            "cost model,\nTable 4 fit": (table4()[0][1].mfu, COLORS["tp time"])}
+            "cost model,\nLlama 3's stack": (table4()[0][1].mfu, COLORS["tp time"])}
     fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 1.5, 2.8))
     for x, (label, (mfu, colour)) in enumerate(bars.items()):
         ax.bar(x, 100 * mfu, 0.6, color=colour)
