@@ -506,7 +506,8 @@ def analytic(target: Target, trace: dict | None = None):
     w, pc = target.work, target.pc
     if trace is not None and pc.bucket_mb > 0:
         first = traces.by_rank(trace)[0]
-        (a, b), *_ = sorted(traces.step_windows(first, 0).values(), reverse=True)
+        windows = traces.step_windows(first, 0)
+        a, b = windows[max(windows)]           # the last step, as `programs` replays
         n = sum(e["args"]["axis"] == "dp" and e["args"]["op"] != "all_gather" and a <= e["ts"] < b
                 for e in traces.spans(first, "comm"))
         n /= pc.microbatches if pc.zero >= 2 else 1       # ZeRO-2/3 reduce every micro-batch

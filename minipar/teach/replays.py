@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import traces
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..replay import Replay, analytic, replay, target_of
+from ..replay import Replay, analytic, replay
 from ..train import train
 
 # Llama 3's pipeline as Table 4's first row runs it: PP16, interleaved with v = 8 (one layer
@@ -94,8 +94,6 @@ def replayed(name: str) -> Replay:
 
 @functools.lru_cache(maxsize=None)
 def estimated(name: str):
-    """The cost model's estimate of the same step (`replay.analytic`): the other derivation."""
-    run = RUNS[name]
-    target = target_of(recorded(name)["otherData"]["minipar"], "h100", run.framework, run.model,
-                       run.seq_len, run.widen)
-    return analytic(target, recorded(name))
+    """The cost model's estimate of the same step (`replay.analytic`): the other derivation,
+    on the target the replay ran on."""
+    return analytic(replayed(name).target, recorded(name))

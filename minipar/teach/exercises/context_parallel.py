@@ -29,8 +29,8 @@ from ...train import Trainer, train
 from ...wire import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .. import replays
-from .core import (FLOAT32, REPLAY_WHY, Tolerance, Verdict, apart, at, exercise, first_difference,
-                   function_given, number, on_ranks, predicted, right, wrong)
+from .core import (FLOAT32, Tolerance, Verdict, at, exercise, first_difference, function_given,
+                   number, on_ranks, predicted, replayed_exposure, right, wrong)
 
 STEPS = 2              # step 1 scales the queries so that a naive exp(lse) overflows float32
 CP = 2                 # gloo ranks of the code checks
@@ -243,20 +243,17 @@ def check_replayed_cp_exposure(predicted_ms, reveal: bool = False) -> Verdict:
     """Predict how long rank 0 waits for CP per step (exposed time, ms) with all-gather
     attention (`--cp 2 --cp-impl allgather`) replayed at Llama 3 8B's shapes and 32K tokens
     on H100s; the check replays it (`teach.replays`, the chapter's figure)."""
-    what = "the all-gather's exposed CP time per step"
-    if predicted_ms is None and not reveal:
-        return predicted(None, 0.0, what, 0.15, REPLAY_WHY, unit="ms")
-    gather, ring = (replays.replayed(n) for n in ("context_parallel_allgather", "context_parallel"))
-    truth = gather.exposed_s["cp"] * 1e3
-    hints = [(0.0, "that is the ring's: its next K/V block travels while the current one's "
-                   "attention runs. The all-gather's attention needs every block first."),
-             (truth / 2, "that is the forward's all-gathers alone: their backward, a "
-                         "reduce-scatter of dK and dV, sends as many bytes back.")]
-    details = (f" The ring moves {ring.hidden_s['cp'] * 1e3:.3g} ms of K/V per step and "
-               f"exposes {ring.exposed_s['cp'] * 1e3:.2g} ms: each block hides behind the "
-               "attention of the one before, which at this length takes far longer.")
-    return predicted(predicted_ms, truth, what, 0.15, REPLAY_WHY, unit="ms", reveal=reveal,
-                     hints=apart(hints, truth, 0.15), details=details, against="the replay")
+    def clues(truth):
+        ring = replays.replayed("context_parallel")
+        hints = [(0.0, "that is the ring's: its next K/V block travels while the current one's "
+                       "attention runs. The all-gather's attention needs every block first."),
+                 (truth / 2, "that is the forward's all-gathers alone: their backward, a "
+                             "reduce-scatter of dK and dV, sends as many bytes back.")]
+        return hints, (f" The ring moves {ring.hidden_s['cp'] * 1e3:.3g} ms of K/V per step and "
+                       f"exposes {ring.exposed_s['cp'] * 1e3:.2g} ms: each block hides behind the "
+                       "attention of the one before, which at this length takes far longer.")
+    return replayed_exposure(predicted_ms, reveal, "the all-gather's exposed CP time per step",
+                             "context_parallel_allgather", "cp", clues)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_zigzag_chunks"]

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import replays
+
 from ...launch import RankFailed, run_local
 from .units import read, shown, wanted
 
@@ -207,6 +209,18 @@ def apart(hints, truth: float, rel: float) -> list:
     """The hints (value, message) far enough from `truth` that a right answer never gets
     one's message (a hint is matched within `rel` of its value)."""
     return [(v, m) for v, m in hints if not math.isclose(v, truth, rel_tol=2 * rel)]
+
+
+def replayed_exposure(prediction, reveal: bool, what: str, run: str, axis: str, clues) -> Verdict:
+    """A predicted exposed time of `axis` (ms per step) against the replay of `run`
+    (`teach.replays`), within 15%. `clues(truth_ms)` gives the hints and the details once
+    the replay is known: (hints [(value, message)], details)."""
+    if prediction is None and not reveal:
+        return predicted(None, 0.0, what, 0.15, REPLAY_WHY, unit="ms")
+    truth = replays.replayed(run).exposed_s[axis] * 1e3
+    hints, details = clues(truth)
+    return predicted(prediction, truth, what, 0.15, REPLAY_WHY, unit="ms", reveal=reveal,
+                     hints=apart(hints, truth, 0.15), details=details, against="the replay")
 
 
 def function_given(fn) -> Verdict | None:

@@ -15,8 +15,8 @@ from ...train import Trainer, train
 from ...wire import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .. import replays
-from .core import (FLOAT32, REPLAY_WHY, Verdict, apart, at, compare_calls, exercise,
-                   first_difference, function_given, on_ranks, predicted, right, wrong)
+from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference, function_given,
+                   on_ranks, predicted, replayed_exposure, right, wrong)
 
 
 # ---------------------------------------------------------------- implement: ZeRO's bytes
@@ -324,20 +324,17 @@ def check_replayed_dp_exposure(predicted_ms, reveal: bool = False) -> Verdict:
     """Predict how long rank 0 waits for DP per step (exposed time, ms) in the naive run
     (`--dp 2 --bucket-mb 0`) replayed at Llama 3 8B's shapes on H100s; the check replays
     it (`teach.replays`, the chapter's figure) and compares."""
-    what = "the naive run's exposed DP time per step"
-    if predicted_ms is None and not reveal:
-        return predicted(None, 0.0, what, 0.15, REPLAY_WHY, unit="ms")
-    naive, bucketed = (replays.replayed(n) for n in ("data_parallel_naive", "data_parallel"))
-    truth = naive.exposed_s["dp"] * 1e3
-    hints = [(truth / 2, "that is one pass of the ring: an all-reduce makes two, a "
-                         "reduce-scatter and an all-gather."),
-             (bucketed.exposed_s["dp"] * 1e3, "that is the bucketed run's: naive, nothing is "
-                                              "sent before the backward pass ends.")]
-    details = (f" Bucketed, the same gradients wait {bucketed.exposed_s['dp'] * 1e3:.2g} ms: "
-               "only what is still on the wire when the backward ends, the last bucket, whose "
-               "size decides how long the tail is.")
-    return predicted(predicted_ms, truth, what, 0.15, REPLAY_WHY, unit="ms", reveal=reveal,
-                     hints=apart(hints, truth, 0.15), details=details, against="the replay")
+    def clues(truth):
+        bucketed = replays.replayed("data_parallel").exposed_s["dp"] * 1e3
+        hints = [(truth / 2, "that is one pass of the ring: an all-reduce makes two, a "
+                             "reduce-scatter and an all-gather."),
+                 (bucketed, "that is the bucketed run's: naive, nothing is sent before the "
+                            "backward pass ends.")]
+        return hints, (f" Bucketed, the same gradients wait {bucketed:.2g} ms: only what is "
+                       "still on the wire when the backward ends, the last bucket, whose size "
+                       "decides how long the tail is.")
+    return replayed_exposure(predicted_ms, reveal, "the naive run's exposed DP time per step",
+                             "data_parallel_naive", "dp", clues)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["BUCKET_CASES", "PREDICT_ZERO", "ZERO1_ADAMW", "dp_loss_buggy",

@@ -22,8 +22,8 @@ from ...train import Trainer, train
 from ...wire import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .. import replays
-from .core import (FLOAT32, REPLAY_WHY, Verdict, apart, at, compare_calls, exercise,
-                   first_difference, function_given, on_ranks, predicted)
+from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference, function_given,
+                   on_ranks, predicted, replayed_exposure)
 
 STEPS, LR = 2, 0.1       # two SGD steps: the second starts from the first's update
 
@@ -218,20 +218,17 @@ def check_replayed_tp_exposure(predicted_ms, reveal: bool = False) -> Verdict:
     """Predict how long rank 0 waits for TP per step (exposed time, ms) with plain SP
     (`--tp 2 --sp`, no overlap) replayed at Llama 3 8B's shapes on H100s, the pair on one
     server's NVLink; the check replays it (`teach.replays`, the chapter's figure)."""
-    what = "plain SP's exposed TP time per step"
-    if predicted_ms is None and not reveal:
-        return predicted(None, 0.0, what, 0.15, REPLAY_WHY, unit="ms")
-    plain, ring = (replays.replayed(n) for n in ("tensor_parallel", "tensor_parallel_overlap"))
-    truth = plain.exposed_s["tp"] * 1e3
-    hints = [(truth / 2, "that is the forward's collectives alone: the backward all-gathers "
-                         "and reduce-scatters as many bytes again."),
-             (ring.exposed_s["tp"] * 1e3, "that is with the collective matmul; without it "
-                                          "every all-gather and reduce-scatter stops the rank.")]
-    details = (f" With --tp-overlap the replay exposes {ring.exposed_s['tp'] * 1e3:.2g} ms: "
-               "each ring step's transfer runs while the matmul of the chunk already there "
-               "computes, and only what outlasts that matmul waits.")
-    return predicted(predicted_ms, truth, what, 0.15, REPLAY_WHY, unit="ms", reveal=reveal,
-                     hints=apart(hints, truth, 0.15), details=details, against="the replay")
+    def clues(truth):
+        ring = replays.replayed("tensor_parallel_overlap").exposed_s["tp"] * 1e3
+        hints = [(truth / 2, "that is the forward's collectives alone: the backward all-gathers "
+                             "and reduce-scatters as many bytes again."),
+                 (ring, "that is with the collective matmul; without it every all-gather and "
+                        "reduce-scatter stops the rank.")]
+        return hints, (f" With --tp-overlap the replay exposes {ring:.2g} ms: each ring step's "
+                       "transfer runs while the matmul of the chunk already there computes, and "
+                       "only what outlasts that matmul waits.")
+    return replayed_exposure(predicted_ms, reveal, "plain SP's exposed TP time per step",
+                             "tensor_parallel", "tp", clues)
 
 
 __all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_row_parallel_linear"]
