@@ -472,8 +472,6 @@ COINCIDENT = {
         "DDP's first bucket; the paper's smallest per-GPU checkpoint piece",
     frozenset({"data_parallel.bucket_mb", "mfu.nanotron_bucket_mb"}):
         "minipar's default bucket; nanotron's, from its own source",
-    frozenset({"fourd.gap_4_model_s", "mfu.row1_pp_s", "mfu.row2_pp_s", "mfu.row3_pp_s"}):
-        "a small Playbook run's whole step; the exposed pipeline transfers of each Table 4 row",
 }
 
 

@@ -178,13 +178,16 @@ def test_activation_memory_by_recompute():
 
 
 # ------------------------------------------------------------------ Llama 3's Table 4
-def test_table4_is_over_predicted_by_the_physics():
-    """Table 4 from measured kernels and the paper's own stack: the physics is faster than
-    Meta's runs on every row (the residual is the finding, `UNEXPLAINED`), never slower."""
+def test_table4_from_the_physics_within_its_bounds():
+    """Table 4 from measured kernels and the paper's own stack: each row within 4 points or
+    its `UNEXPLAINED` bound (the residual is the finding); the 8K rows that miss are faster
+    than Meta's runs, not slower."""
     for row, est in cm.table4():
         label = (f"llama3-405b {row.gpus} GPUs TP{row.tp} CP{row.cp} PP{row.pp} DP{row.dp} "
                  f"seq {row.seq_len}")
-        assert 0 < est.mfu - row.mfu <= UNEXPLAINED[label] / 100, (row, est.mfu)
+        gap = est.mfu - row.mfu
+        assert abs(gap) <= UNEXPLAINED.get(label, 4.0) / 100, (row, est.mfu)
+        assert label not in UNEXPLAINED or gap > 0
 
 
 def test_table4_runs_the_papers_stack():
@@ -576,14 +579,10 @@ def test_tp_overlap_hides_tp_time_and_never_costs():
 # the residuals are findings (the note of issue 26 says what each would take), and a change
 # that moves a row further out, or any other row past 5, fails here.
 UNEXPLAINED = {
-    "llama3-405b 8192 GPUs TP8 CP1 PP16 DP64 seq 8192": 11.0,
-    "llama3-405b 16384 GPUs TP8 CP1 PP16 DP128 seq 8192": 10.0,
-    "llama3-405b 16384 GPUs TP8 CP16 PP16 DP8 seq 131072": 23.0,   # attention at 131K over CP16
-    "1.34B 512 GPUs TP2 CP1 PP2 DP128 seq 4096": 7.0,   # 0.44 s published steps, 0.19 s modelled
-    "8.86B 512 GPUs TP4 CP1 PP1 DP128 seq 4096": 15.0,
+    "llama3-405b 8192 GPUs TP8 CP1 PP16 DP64 seq 8192": 6.5,
+    "llama3-405b 16384 GPUs TP8 CP16 PP16 DP8 seq 131072": 7.0,    # attention at 131K over CP16
     "80B 32 GPUs TP8 CP1 PP4 DP1 seq 4096": 27.0,       # 2.4x slower: "near the memory limits"
     "80B 64 GPUs TP4 CP1 PP16 DP1 seq 4096": 10.0,
-    "80B 512 GPUs TP16 CP1 PP1 DP32 seq 4096": 13.0,
 }
 
 
@@ -613,15 +612,6 @@ def test_nothing_is_fitted_to_an_mfu():
     readers = {p.name for p in pkg.glob("*.py") if "published_runs" in p.read_text()}
     assert readers <= {"calibration.py", "evaluate.py", "__init__.py", "constants.py"}
     assert "published_runs" not in (pkg / "constants.py").read_text().split('"""')[2]
-
-
-# Held-out cells the model is furthest from: small models with TP and 64 DP replicas, one
-# micro-batch per step. The steps are 40-50 % longer than compute, TP and a DP all-reduce
-# hidden behind the backward add up to; what the rest is, is not known.
-HELD_OUT_UNEXPLAINED = {
-    "1.34B 128 GPUs TP2 CP1 PP1 DP64 seq 4096": 14.0,
-    "1.34B 256 GPUs TP4 CP1 PP1 DP64 seq 4096": 11.0,
-}
 
 
 def test_the_playbooks_mfu_counts_the_embedding_lookup_as_a_matmul():
@@ -654,8 +644,8 @@ def test_held_out_cells_are_not_fitted_on_and_are_predicted():
     assert all(run.mfu == published[run.label] for run, _ in cells if run.label in published)
     res = residuals(held)
     for run, r in zip(held, res):
-        assert abs(r) <= HELD_OUT_UNEXPLAINED.get(run.label, 8.0), (run.label, r)
-    assert sum(map(abs, res)) / len(res) <= 5.0
+        assert abs(r) <= 5.0, (run.label, r)
+    assert sum(map(abs, res)) / len(res) <= 2.5
     assert order_kept(held, res) >= 0.75
 
 
@@ -754,6 +744,59 @@ def test_zero2_reduce_scatters_hide_behind_the_rest_of_the_step():
     assert dp_exposed_seconds(2, False, 4, 0.9, 0.0, 1.0) == 0.0
     # 1.5 s each: 6 s of traffic, 3 + 2/3 s to hide in
     assert dp_exposed_seconds(2, False, 4, 1.5, 0.0, 1.0) == pytest.approx(6 - 3 - 2 / 3)
+
+
+def test_zero2_reductions_wait_for_the_first_backward_and_share_the_nic():
+    """In a pipeline a rank's first gradient exists only after micro-batch 0 has gone forward
+    through every chunk and back to it; the idle bubble is window again. The pipeline's sends
+    use the same NIC."""
+    from minipar.costmodel.exposure import dp_exposed_seconds, first_backward_delay
+    assert first_backward_delay(1, 1, 1.0) == 0.0
+    assert first_backward_delay(16, 1, 1.0) == 0.0              # 1F1B: warm-up = bubble
+    # p=16, v=8: 15/3 + 15 * 2/24 of forward and backward before, 15/8 of bubble after
+    assert first_backward_delay(16, 8, 1.0) == pytest.approx(15 / 3 + 30 / 24 - 15 / 8)
+    base = dp_exposed_seconds(2, False, 4, 1.5, 0.0, 1.0)
+    assert dp_exposed_seconds(2, False, 4, 1.5, 0.0, 1.0, late=0.5) == pytest.approx(base + 0.5)
+    assert dp_exposed_seconds(2, False, 4, 1.5, 0.0, 1.0, shared=0.25) == pytest.approx(base + 0.25)
+    # ZeRO-1 reduces once, at the end: neither changes it
+    assert (dp_exposed_seconds(1, False, 4, 1.5, 0.0, 1.0, late=0.5, shared=0.25)
+            == dp_exposed_seconds(1, False, 4, 1.5, 0.0, 1.0))
+    # Table 4 row 1 (TP8: every pipeline neighbour in another server) pays for both
+    row = cm.table4()[0][1]
+    assert row.time_breakdown_s["dp"] > 0.5
+
+
+def test_efa_collectives_are_read_off_nccl_tests():
+    """The Playbook's cluster (AWS p5) times collectives across servers by nccl-tests on
+    EFA: at a measured point exactly, between points in log size, for fewer members per
+    server as the same bytes through each NIC, and below the smallest size from NCCL's
+    latency up."""
+    from minipar.costmodel.constants import FABRIC_CURVES, fabric_busbw_GBps
+    from minipar.costmodel.hardware import collective_latency_s, measured_collective_seconds
+    curves = FABRIC_CURVES["efa"]
+    size, busbw = curves["all_reduce"][16][3]                    # 256 MiB over 16 servers
+    assert fabric_busbw_GBps("efa", "all_reduce", 16, size) == busbw
+    assert fabric_busbw_GBps("efa", "all_reduce", 64, size) == fabric_busbw_GBps("efa", "all_reduce", 32, size)
+    assert fabric_busbw_GBps("efa", "reduce_scatter", 8, size) == fabric_busbw_GBps("efa", "all_gather", 8, size)
+    lo, hi = curves["all_gather"][8][2:4]
+    mid = fabric_busbw_GBps("efa", "all_gather", 8, (lo[0] * hi[0]) ** 0.5)
+    assert mid == pytest.approx((lo[1] + hi[1]) / 2)
+    c = cm.PLAYBOOK_CLUSTER
+    assert c.fabric == "efa" and cm.LLAMA3_CLUSTER.fabric == "infiniband"
+    n = 16 * 8
+    wire = 2 * (n - 1) / n * size
+    assert measured_collective_seconds(wire, "all_reduce", n, 16, 8, c) == pytest.approx(wire / busbw / 1e9)
+    # two members per server: the point of a 4x larger message, at a quarter of its bus rate
+    n2 = 16 * 2
+    wire2 = 2 * (n2 - 1) / n2 * size / 4
+    assert measured_collective_seconds(wire2, "all_reduce", n2, 16, 2, c) == pytest.approx(wire2 / (busbw / 4) / 1e9)
+    # small messages: never below NCCL's latency model, growing with size
+    small = [measured_collective_seconds(b, "all_gather", 256, 32, 8, c) for b in (1e3, 1e6, 16e6, 33e6)]
+    assert small == sorted(small) and small[0] >= 0.99 * collective_latency_s("all_gather", 256, 32, c)
+    # a DDP bucket of 25 MB over 32 servers is slower on EFA than alpha-beta says
+    pc = ParallelConfig(tp=1, dp=256)
+    ib = cm.axis_seconds(25e6, "dp", pc, cm.gpu_cluster("h100"), (0.822, 0.92), "all_gather", 1)
+    assert cm.axis_seconds(25e6, "dp", pc, c, (0.822, 0.92), "all_gather", 1) > 1.5 * ib
 
 
 def test_frameworks_change_what_the_stack_does():

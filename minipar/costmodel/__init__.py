@@ -49,10 +49,10 @@ from .catalog import CONSTANTS, Constant
 from .constants import (BF16_MIXED, CAUSAL_FRACTION, FP32, LLAMA3_EFFICIENCY, PRECISIONS,
                         TABLE4_BATCH_TOKENS, Efficiency, Precision)
 from .frameworks import FRAMEWORKS, Framework, framework
-from .hardware import (LLAMA3_CLUSTER, Cluster, axis_group, axis_seconds, dp_group_span,
+from .hardware import (FABRICS, LLAMA3_CLUSTER, Cluster, axis_group, axis_seconds, dp_group_span,
                        group_bandwidth_GBps)
 from .memory import memory_of_rank, memory_per_gpu, param_total_local
-from .calibration import PLAYBOOK_MODELS, PublishedRun, published_runs
+from .calibration import PLAYBOOK_CLUSTER, PLAYBOOK_MODELS, PublishedRun, published_runs
 from .gpus import GPU_NAMES, GPU_SHEETS, gpu_cluster
 from .kernels import attention_seconds, matmul_seconds
 from .planner import Plan, binding_constraint, limiting_term, plan
@@ -64,7 +64,7 @@ from .workload import Workload, layout_problems, make_workload, workload_problem
 
 __all__ = [
     # hardware and constants
-    "Cluster", "LLAMA3_CLUSTER", "group_bandwidth_GBps", "dp_group_span", "axis_group",
+    "Cluster", "LLAMA3_CLUSTER", "FABRICS", "group_bandwidth_GBps", "dp_group_span", "axis_group",
     "axis_seconds", "Efficiency", "LLAMA3_EFFICIENCY", "CAUSAL_FRACTION", "Precision",
     "BF16_MIXED", "FP32", "PRECISIONS", "TABLE4_BATCH_TOKENS",
     # the workload and its rules
@@ -82,7 +82,7 @@ __all__ = [
     "Framework", "FRAMEWORKS", "framework",
     # GPUs, kernels, the calibration runs, the planner
     "GPU_NAMES", "GPU_SHEETS", "gpu_cluster", "matmul_seconds", "attention_seconds",
-    "PLAYBOOK_MODELS", "PublishedRun", "published_runs", "Plan", "plan", "limiting_term",
+    "PLAYBOOK_CLUSTER", "PLAYBOOK_MODELS", "PublishedRun", "published_runs", "Plan", "plan", "limiting_term",
     "binding_constraint",
     "build_parser", "config_from_args", "human_bytes", "format_estimate", "main",
 ]

@@ -12,7 +12,7 @@ cell with the memory it printed): `evaluate` reports on those too.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import flops
@@ -30,6 +30,10 @@ HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
 # Every run of the Playbook's interactive figure: the MFU and tokens/s each printed. It
 # shows which FLOPs the Playbook's MFU counts (`playbook_mfu_ratios`).
 PLAYBOOK_RUNS_FILE = Path(__file__).parent / "data" / "playbook_runs.csv"
+# The Playbook's cluster: bench_cluster's Slurm templates run from /fsx (Amazon FSx for
+# Lustre) on partition "hopper-prod", AWS p5.48xlarge servers (8 H100 SXM each), whose
+# fabric is EFA: collectives across servers are timed by nccl-tests on p5 (`constants`).
+PLAYBOOK_CLUSTER = replace(gpu_cluster("h100"), name="ultrascale playbook (AWS p5, EFA)", fabric="efa")
 PLAYBOOK_PEAK_TFLOPS = 989.5        # bench_cluster's report.py: 1979 / 2, dense bf16
 
 # The Playbook's models (nanotron's Llama with full multi-head attention and a 131,072-token
@@ -151,7 +155,7 @@ def _run(row: dict) -> PublishedRun:
                         microbatches=batch // (dp * mbs), cp_impl="allgather")
     name = row.get("framework") or ("llama3" if llama3 else "nanotron")
     pc, precision, eff = apply(framework(name), _model(row["model"]), pc)
-    cluster = LLAMA3_CLUSTER if llama3 else gpu_cluster("h100")
+    cluster = LLAMA3_CLUSTER if llama3 else PLAYBOOK_CLUSTER
     split = "even" if llama3 else "nanotron"     # nanotron cuts the pipeline by its own rule
     model, printed = _model(row["model"]), float(row["mfu"])
     ratio = 1.0 if llama3 else playbook_flops_ratio(model, pp, seq)

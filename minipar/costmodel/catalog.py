@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import (FUSED_ELEMENTWISE, GEMM_CURVE, KERNELS, NCCL_LATENCY_US, NIC_BUSBW_FRACTION,
-                        NVLINK_BUSBW_FRACTION, STREAM_FRACTION, attention_tflops, cp_attention_tflops)
+from .constants import (FABRIC_CURVES, FUSED_ELEMENTWISE, GEMM_CURVE, KERNELS, NCCL_LATENCY_US, NIC_BUSBW_FRACTION,
+                        NVLINK_BUSBW_FRACTION, STREAM_FRACTION, attention_tflops, cp_attention_tflops,
+                        fabric_busbw_GBps)
 from .kernels import EAGER_ELEMENTWISE
 
+EFA = ("nccl-tests on AWS p5.48xlarge (EFA, 400 Gb/s per GPU), whole servers, out-of-place busbw: "
+       "github.com/crazyguitar/aws-gpu-communication-benchmark data/ (CC BY 4.0), in data/nccl_tests_efa_p5.csv")
 MEASURE = "measured here: benchmarks/kernels/measure.py on an NVIDIA H200 (data/kernels_h200.json)"
 
 
@@ -63,6 +66,12 @@ def _constants() -> list[Constant]:
                  "nccl-tests all-reduce bus bandwidth on an 8x H100 NVLink server, ~370 of 450 GB/s (NCCL maintainers)"),
         Constant("nic.busbw_fraction", round(NIC_BUSBW_FRACTION, 3), "of link",
                  "nccl-tests bus bandwidth across nodes with one 400 Gb/s NDR NIC per GPU, ~46 of 50 GB/s"),
+        Constant("efa.nccl_tests", sum(len(pts) for curves in FABRIC_CURVES["efa"].values() for pts in curves.values()),
+                 "points", f"{EFA}: all_reduce and all_gather, 2 to 32 servers, 32 MiB to 8 GiB"),
+        Constant("efa.all_reduce_32x8GiB", round(fabric_busbw_GBps("efa", "all_reduce", 32, 8 * 2**30) / 400, 3),
+                 "of 8 NICs", f"{EFA}: all_reduce over 32 servers, 8 GiB"),
+        Constant("efa.all_gather_32x32MiB", round(fabric_busbw_GBps("efa", "all_gather", 32, 32 * 2**20) / 400, 3),
+                 "of 8 NICs", f"{EFA}: all_gather over 32 servers, 32 MiB (a DDP bucket's size)"),
     ]
     return out
 

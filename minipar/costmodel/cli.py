@@ -22,7 +22,7 @@ from .constants import LLAMA3_EFFICIENCY, PRECISIONS
 from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .defaults import default_degrees, default_schedule
 from .gpus import GPU_NAMES, gpu_cluster
-from .hardware import LLAMA3_CLUSTER, Cluster
+from .hardware import FABRICS, LLAMA3_CLUSTER, Cluster
 from .planner import (MEMORY_HEADROOM, REMEDIES, binding_constraint, describe,
                       limiting_term, losses, plan)
 from .time import Estimate, estimate
@@ -98,6 +98,9 @@ def _add_model_and_hardware_flags(p) -> None:
                             ("--intra-node-GBps", "intra_node_GBps", float),
                             ("--inter-node-Gbps", "inter_node_Gbps", float)):
         g.add_argument(flag, dest=dest, type=typ)
+    g.add_argument("--fabric", choices=FABRICS, help="the network across servers: infiniband "
+                   "(alpha-beta at nccl-tests' InfiniBand/RoCE bus bandwidth, the default) or efa "
+                   "(AWS p5's Elastic Fabric Adapter, read off its nccl-tests)")
 
 
 def _add_layout_flags(g) -> None:
@@ -120,7 +123,7 @@ def _model_and_cluster(args) -> tuple[ModelConfig, Cluster]:
     if overrides:
         model = replace(model, name="custom", **overrides)
     hw = {k: getattr(args, k) for k in ("peak_tflops", "hbm_gb", "hbm_TBps", "gpus_per_node",
-                                        "intra_node_GBps", "inter_node_Gbps") if getattr(args, k) is not None}
+                                        "intra_node_GBps", "inter_node_Gbps", "fabric") if getattr(args, k) is not None}
     cluster = gpu_cluster(args.gpu) if args.gpu else LLAMA3_CLUSTER
     if hw:
         cluster = replace(cluster, name=f"{cluster.name} (modified)", **hw)
@@ -180,7 +183,7 @@ def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
         f"model    {model.name}: {model.n_layers} layers, dim {model.dim}, ffn {model.ffn_dim}, "
         f"{model.n_heads} heads ({model.n_kv_heads} KV), vocab {model.vocab_size}",
         f"cluster  {cluster.name}: {cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gb:g} GB, "
-        f"{cluster.gpus_per_node}/node, NVLink {cluster.intra_node_GBps:g} GB/s, NIC {cluster.inter_node_Gbps:g} Gb/s",
+        f"{cluster.gpus_per_node}/node, NVLink {cluster.intra_node_GBps:g} GB/s, NIC {cluster.inter_node_Gbps:g} Gb/s {cluster.fabric}",
         f"layout   {pc.world_size} GPUs = TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp}, {pc.schedule}"
         + (f" v={pc.virtual_stages}" if pc.virtual_stages > 1 else "")
         + f", ZeRO-{pc.zero}, SP {'on' if pc.sp else 'off'}" + (" + TP overlap" if pc.tp_overlap else "")

@@ -10,6 +10,7 @@ report. **None is fitted to an MFU**: the published runs are what the model is j
 """
 from __future__ import annotations
 
+import csv
 import json
 import math
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 __all__ = ["TABLE4_BATCH_TOKENS", "KERNELS", "KERNELS_FILE", "GEMM_TABLE",
            "Efficiency", "LLAMA3_EFFICIENCY", "CP_ATTENTION", "cp_attention_tflops", "STREAM_FRACTION", "CAUSAL_FRACTION",
-           "FUSED_ELEMENTWISE", "GEMM_CURVE", "NCCL_LATENCY_US",
+           "FUSED_ELEMENTWISE", "GEMM_CURVE", "NCCL_LATENCY_US", "FABRIC_FILES", "FABRIC_CURVES", "FABRIC_SMALLEST", "fabric_busbw_GBps",
            "Precision", "BF16_MIXED", "FP32", "PRECISIONS", "MEASURED_PEAK_TFLOPS"]
 
 TABLE4_BATCH_TOKENS = 2048 * 8192          # "16M tokens per batch": 2048 sequences of 8K
@@ -105,6 +106,50 @@ NCCL_LATENCY_US = {"base": 8.4, "nvlink_step": 3.4, "net_step": 14.0, "net_overh
 # in nccl-tests across nodes).
 NVLINK_BUSBW_FRACTION = 370 / 450
 NIC_BUSBW_FRACTION = 46 / 50
+
+# A fabric that nccl-tests have been run on, message size by message size and server count by
+# server count: the bus bandwidth is then read off its measurements instead of alpha-beta.
+# AWS's Elastic Fabric Adapter (p5.48xlarge, 400 Gb/s per GPU as 4 x 100 Gb/s) reaches line
+# rate only for messages of gigabytes, and less the more servers a ring crosses.
+FABRIC_FILES = {"efa": KERNELS_FILE.parent / "nccl_tests_efa_p5.csv"}
+
+
+def _fabric_curves(path: Path) -> dict[str, dict[int, list[tuple[float, float]]]]:
+    """{op: {servers: [(bytes, bus GB/s), ...] by size}} of one fabric's nccl-tests."""
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    out: dict[str, dict[int, list[tuple[float, float]]]] = {}
+    for row in csv.DictReader(lines):
+        point = (float(row["size_mb"]) * 2 ** 20, float(row["busbw_GBps"]))
+        out.setdefault(row["op"], {}).setdefault(int(row["nodes"]), []).append(point)
+    return {op: {n: sorted(pts) for n, pts in curves.items()} for op, curves in out.items()}
+
+
+FABRIC_CURVES = {name: _fabric_curves(path) for name, path in FABRIC_FILES.items()}
+# the smallest message each fabric was measured with
+FABRIC_SMALLEST = {name: min(pts[0][0] for by_nodes in curves.values() for pts in by_nodes.values())
+                   for name, curves in FABRIC_CURVES.items()}
+
+
+def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
+    """y at x on a curve of (x, y) points, linear in log x, flat beyond the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return points[-1][1]
+
+
+def fabric_busbw_GBps(fabric: str, op: str, servers: int, size: float) -> float:
+    """nccl-tests' bus bandwidth of `op` on `fabric` (whole servers in the ring) for a
+    message of `size` bytes over `servers` servers, interpolated in log size and log servers
+    between the measured points and flat beyond them (the reduce-scatter, which has no
+    measurement, runs the all-gather's ring). Below the smallest size measured the caller
+    adds latency (`hardware.axis_seconds`)."""
+    curves = FABRIC_CURVES[fabric]["all_gather" if op == "reduce_scatter" else op]
+    counts = sorted(curves)
+    at = [(n, _interpolate(size, curves[n])) for n in counts]
+    return _interpolate(min(max(servers, counts[0]), counts[-1]), at)
 
 
 @dataclass(frozen=True)

@@ -99,13 +99,16 @@ def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster
 
 
 def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,
-                       t_mb: float, drain: float = 0.0) -> float:
+                       t_mb: float, drain: float = 0.0, late: float = 0.0,
+                       shared: float = 0.0) -> float:
     """DP time that sticks out of the step. Gradients are final only during the last
     micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind,
     plus `drain` (`pipeline_drain_seconds`); the updated weights can be prefetched during
     the first forward (1/3). ZeRO-2 reduces every micro-batch (its gradients are sharded):
-    m reduce-scatters, hidden by all the compute from the first one to the last backward;
-    ZeRO-3 also gathers the weights every time. Naive DP (no buckets) overlaps nothing."""
+    m reduce-scatters, hidden by all the compute from the first backward to the last, which
+    in a pipeline starts `late` (`first_backward_delay`) and shares the NIC with the
+    pipeline's sends (`shared` seconds of them); ZeRO-3 also gathers the weights every time.
+    Naive DP (no buckets) overlaps nothing."""
     backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb + drain, 1 / 3 * t_mb)
 
     def exposed(t, window):
@@ -117,8 +120,21 @@ def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t
         return exposed(t_rs, backward) + exposed(t_ag, forward)
     if zero == 2:     # each micro-batch's reduce-scatter runs on NCCL's stream behind
         # everything computed after it; only the last one must end before the update
-        return exposed(m * t_rs, (m - 1) * t_mb + backward) + exposed(t_ag, forward)
+        return exposed(m * t_rs + shared, (m - 1) * t_mb + backward - late) + exposed(t_ag, forward)
     return m * (exposed(t_ag, forward) + exposed(t_ag + t_rs, backward))
+
+
+def first_backward_delay(pp: int, v: int, t_mb: float) -> float:
+    """How much later than its first forward's end the first backward of pipeline rank 0
+    starts, less the pipeline's idle time (the reductions can use that): micro-batch 0 goes
+    forward through all p v chunks (p t_mb / 3 of forward work) and back through p - 1 of
+    them (2 t_mb / 3v each) before rank 0 has a gradient to reduce; the bubble, (p-1) t_mb / v,
+    is idle time the NIC can work in. Nothing for a single stage; for plain 1F1B the two
+    cancel."""
+    if pp == 1:
+        return 0.0
+    warmup = (pp - 1) * t_mb / 3 + (pp - 1) * 2 * t_mb / (3 * v)
+    return max(0.0, warmup - (pp - 1) * t_mb / v)
 
 
 def pipeline_drain_seconds(pp: int, v: int, t_mb: float) -> float:

@@ -3,7 +3,10 @@
 Chapter "MFU and communication volume". A `Cluster` says what one GPU computes and stores
 and how fast it can send, inside a server, inside a pod and between pods;
 `group_bandwidth_GBps` turns that into the bandwidth one process group's ring gets, given
-where its members sit in the [TP, CP, PP, DP] numbering (`axis_group`).
+where its members sit in the [TP, CP, PP, DP] numbering (`axis_group`). A collective's time
+is the alpha-beta model at that bandwidth (`axis_seconds`), or, on a fabric whose nccl-tests
+are on file (`Cluster.fabric`, AWS's EFA), read off those measurements
+(`measured_collective_seconds`).
 """
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ import math
 from dataclasses import dataclass
 
 from ..config import ParallelConfig
-from .constants import NCCL_LATENCY_US
+from .constants import FABRIC_CURVES, FABRIC_SMALLEST, NCCL_LATENCY_US, fabric_busbw_GBps
+
+
+FABRICS = ("infiniband", *FABRIC_CURVES)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Cluster:
     n_gpus: int = 24576
     nvlink_latency_us: float = NCCL_LATENCY_US["nvlink_step"]   # one ring step inside a server
     nic_latency_us: float = NCCL_LATENCY_US["net_step"]         # one ring step across servers
+    fabric: str = "infiniband"          # or "efa": collectives across servers read off its nccl-tests
 
     @property
     def peak_flops(self) -> float:
@@ -60,6 +67,8 @@ class Cluster:
                             ("--inter-node-Gbps", self.inter_node_Gbps)):
             if not value > 0:
                 out.append(f"{flag} {value} must be positive")
+        if self.fabric not in FABRICS:
+            out.append(f"--fabric {self.fabric!r} must be one of {', '.join(FABRICS)}")
         return out
 
 
@@ -148,6 +157,28 @@ def collective_latency_s(op: str, n: int, nodes: int, cluster: Cluster,
     return 1e-6 * (lat["base"] + (steps - inter_steps) * intra + inter_steps * inter)
 
 
+MEASURED_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def measured_collective_seconds(wire: float, op: str, n: int, nodes: int, rail: int,
+                                cluster: Cluster) -> float:
+    """One collective of `wire` bytes per rank over n ranks on `nodes` servers (`rail` of them
+    in each, one NIC each), read off the fabric's nccl-tests, which ran every GPU of each
+    server: the same bytes through each NIC are a message gpus_per_node / rail times larger
+    there, at rail / gpus_per_node of its bus bandwidth. Below the smallest message measured,
+    NCCL's latency plus the bytes at that message's rate."""
+    per_rank = wire / (2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n)
+    size = per_rank * cluster.gpus_per_node / rail
+    busbw = fabric_busbw_GBps(cluster.fabric, op, nodes, size) * 1e9 * rail / cluster.gpus_per_node
+    smallest = FABRIC_SMALLEST[cluster.fabric]
+    if size >= smallest:
+        return wire / busbw
+    # a smaller message: from NCCL's latency (nothing sent) to the smallest one measured
+    at_smallest = wire * smallest / size / busbw
+    latency = collective_latency_s(op, n, nodes, cluster)
+    return min(at_smallest, latency + (at_smallest - latency) * size / smallest)
+
+
 def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
                  network: float | tuple[float, float], op: str | None = None,
                  calls: float = 0) -> float:
@@ -163,5 +194,8 @@ def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
     intra_eff, inter_eff = network if isinstance(network, tuple) else (network, network)
     bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * (inter_eff if inter else intra_eff)
     nodes = max(1, min(size, math.ceil(span / cluster.gpus_per_node))) if inter else 1
+    if inter and op in MEASURED_OPS and cluster.fabric in FABRIC_CURVES and calls >= 1:
+        rail = rail_members(cluster, stride, size)
+        return calls * measured_collective_seconds(nbytes / calls, op, size, nodes, rail, cluster)
     latency = calls * collective_latency_s(op, size, nodes, cluster) if op else 0.0
     return nbytes / (bw * 1e9) + latency

@@ -25,7 +25,7 @@ from ..formulas.pipeline_parallel import bubble_fraction
 from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_norm_bytes
 from . import frameworks, kernels
 from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
-from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds,
+from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds, first_backward_delay,
                        p2p_exposed_seconds, pipeline_drain_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
 from .memory import memory_per_gpu, param_total_local
@@ -178,30 +178,63 @@ def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
             "balance": balance}
 
 
-def step_extras(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
-                precision: Precision, eff: Efficiency, t_mb: float) -> dict[str, float]:
-    """Seconds paid once per step: the exposed DP traffic, SP's norm-gradient all-reduce
-    (once per step, after the micro-batches) and the optimizer's update of the rank's share
-    (ZeRO shards it over the dp x cp group)."""
+def dp_terms(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
+             precision: Precision, eff: Efficiency, t_mb: float) -> dict[str, float]:
+    """Data parallelism's side of one step, each term `dp_exposed_seconds` weighs: one
+    reduce-scatter of the rank's gradients and one all-gather of its weights, the drain an
+    interleaved pipeline lends, how late the first backward comes, the pipeline's sends on
+    the same NIC, and what sticks out ("exposed")."""
     params = param_total_local(model, pc.tp) / pc.pp
     t_rs, t_ag = dp_collective_seconds(params, pc, cluster, precision, eff)
     naive = pc.bucket_mb == 0 and pc.zero < 3
-    drain = pipeline_drain_seconds(pc.pp, pc.virtual_stages, t_mb)
-    t_dp = dp_exposed_seconds(pc.zero, naive, work.microbatches(pc), t_rs, t_ag, t_mb, drain)
+    out = {"reduce_scatter": t_rs, "all_gather": t_ag,
+           "drain": pipeline_drain_seconds(pc.pp, pc.virtual_stages, t_mb),
+           "late": first_backward_delay(pc.pp, pc.virtual_stages, t_mb),
+           "pp_nic": pipeline_nic_seconds(model, pc, cluster, work, precision, eff)}
+    out["exposed"] = dp_exposed_seconds(pc.zero, naive, work.microbatches(pc), t_rs, t_ag, t_mb,
+                                        out["drain"], out["late"], out["pp_nic"])
+    return out
+
+
+def critical_seconds(mb: dict[str, float]) -> float:
+    """One micro-batch on the critical path (`microbatch_seconds`): compute and the TP and CP
+    traffic nothing hides."""
+    return mb["compute"] + mb["tp"] + mb["cp"]
+
+
+def step_extras(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
+                precision: Precision, eff: Efficiency, t_mb: float) -> dict[str, float]:
+    """Seconds paid once per step: the exposed DP traffic (`dp_terms`), SP's norm-gradient
+    all-reduce (once per step, after the micro-batches) and the optimizer's update of the
+    rank's share (ZeRO shards it over the dp x cp group)."""
+    params = param_total_local(model, pc.tp) / pc.pp
     norms = 0.0
     if pc.sp:
         nbytes = tp_norm_bytes(round(model.n_layers / pc.pp), False, model.dim, pc.tp,
                                precision.grad_bytes)
         norms = axis_seconds(nbytes, "tp", pc, cluster, eff.links, "all_reduce", 1)
     shards = pc.dp * pc.cp if pc.zero >= 1 else 1
-    return {"dp": t_dp, "tp_norms": norms,
+    return {"dp": dp_terms(model, pc, cluster, work, precision, eff, t_mb)["exposed"], "tp_norms": norms,
             "optimizer": kernels.optimizer_seconds(params / shards, cluster)}
+
+
+def pipeline_nic_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
+                         precision: Precision, eff: Efficiency) -> float:
+    """Seconds the pipeline's sends of one step (an activation forward and a gradient back,
+    per micro-batch and chunk) keep a rank's NIC busy, when its pipeline neighbours sit in
+    other servers (a model copy of tp x cp GPUs fills them): the NIC that DP's reductions
+    use too."""
+    if pc.pp == 1 or pc.tp * pc.cp < cluster.gpus_per_node:
+        return 0.0
+    size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
+    sends = 2 * work.microbatches(pc) * pc.virtual_stages
+    return axis_seconds(sends * size, "pp", pc, cluster, eff.links, "send", sends)
 
 
 def _estimate(model, pc: ParallelConfig, cluster, work: Workload, precision, eff) -> Estimate:
     gpus, peak, m = pc.world_size, cluster.peak_flops, work.microbatches(pc)
     mb = microbatch_seconds(model, pc, cluster, work, precision, eff)
-    t_mb = mb["compute"] + mb["tp"] + mb["cp"]
+    t_mb = critical_seconds(mb)
     bubble = bubble_fraction(pc.schedule, pc.pp, m, pc.virtual_stages)
     # the bubble stretches the step: bubble / (1 - bubble) of the micro-batches' time, that of
     # the mean rank (the fill and drain pass through all of them), m of the pace rank's

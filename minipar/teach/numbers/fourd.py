@@ -16,7 +16,7 @@ from ...costmodel.constants import BF16_MIXED
 from ...costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement, heatmap_cells,
                                       held_out_runs, playbook_flops_ratio, playbook_mfu_ratios,
                                       playbook_runs)
-from ...costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, estimate_run, layout_order,
+from ...costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, layout_order,
                                    order_kept, residuals, summary as evaluate_summary)
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
@@ -72,7 +72,6 @@ def _fit() -> dict[str, Number]:
            "worst_res": Number(summary["worst_abs_error"], "{:.1f}", source=_EVAL),
            "worst_res_kept": Number(summary["worst_abs_error_not_memory_bound"], "{:.1f}", source=_EVAL)}
     out.update(_flop_count())
-    out.update(_step_gap(runs[3]))
     for i, (run, r) in enumerate(zip(runs, res), 1):
         pc = run.parallel
         layout = " ".join(f"{a.upper()}{getattr(pc, a)}" for a in ("tp", "cp", "pp", "dp")
@@ -114,14 +113,6 @@ def _layout_order() -> dict[str, Number]:
             "lo_pairs": Number(order["pairs_in_order"], "{:.0%}", source=src),
             "lo_best": Number(order["first_pick_best"], source=src),
             "lo_half": Number(order["first_pick_below_half"], source=src)}
-
-
-def _step_gap(run) -> dict[str, Number]:
-    """The published step of a run (its MFU read back into seconds) against the model's."""
-    e = estimate_run(run)
-    published = e.step_time_s * e.mfu / run.mfu
-    return {"gap_4_pub_s": Number(published, "{:.2f} s", source="published MFU, as a step time"),
-            "gap_4_model_s": Number(e.step_time_s, "{:.2f} s", source="costmodel estimate")}
 
 
 def _held_out() -> dict[str, Number]:

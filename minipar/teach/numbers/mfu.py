@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import cache
 
 from ... import costmodel as cm
+from ...costmodel.time import critical_seconds, dp_terms, microbatch_seconds
 from ...config import ModelConfig, ParallelConfig
 from ...placement import straddling_replicas
 from ...flops import attention_flops_per_token, dense_flops_per_token, flops_per_token, gpu_peak_flops
@@ -64,6 +65,8 @@ def _table4_numbers() -> dict[str, Number]:
         "rows_within": derived(sum(abs(e.mfu - r.mfu) <= WITHIN for r, e in rows), "{}",
                                "rows predicted within 3 points"),
         "max_gap_pts": derived(max(100 * abs(e.mfu - r.mfu) for r, e in rows), "{:.1f}", "worst row"),
+        "gaps_signed": derived(", ".join(f"{100 * (e.mfu - r.mfu):+.1f}" for r, e in rows), "{}",
+                               "predicted - published, rows 1-3"),
         "bubble_only_mfu": derived(e1.mfu * (1 - b2) / (1 - b1), "{:.1%}",
                                    "row 1's MFU with row 2's bubble"),
         "tp_over_dp": derived(e1.comm_bytes_per_gpu["tp"] / e1.comm_bytes_per_gpu["dp"], "{:.0f}",
@@ -73,6 +76,25 @@ def _table4_numbers() -> dict[str, Number]:
         "row3_tp_share": derived(e3.time_breakdown_s["tp"] / e3.step_time_s, "{:.0%}", "row 3: TP / step"),
         "row2_tp_share": derived(e2.time_breakdown_s["tp"] / e2.step_time_s, "{:.0%}", "row 2: TP / step"),
     })
+    return out
+
+
+def _dp_reductions() -> dict[str, Number]:
+    """Llama 3's FSDP reduce-scatters every micro-batch's fp32 gradients: how much network
+    time that is per step, how late the first backward comes, what the pipeline's sends add
+    on the same NIC, and what sticks out (`costmodel.time.dp_terms`), rows 1 and 2."""
+    out = {}
+    model = ModelConfig.preset(L405)
+    for i, (row, e) in enumerate(_table4()[:2], start=1):
+        _, precision, eff = cm.frameworks.apply(cm.frameworks.LLAMA3, model, row.parallel())
+        pc, work = e.parallel, e.workload
+        t_mb = critical_seconds(microbatch_seconds(model, pc, cm.LLAMA3_CLUSTER, work, precision, eff))
+        dp = dp_terms(model, pc, cm.LLAMA3_CLUSTER, work, precision, eff, t_mb)
+        src = _CM.format(i) + ", costmodel.time.dp_terms"
+        out.update({f"row{i}_rs_total_s": derived(e.microbatches * dp["reduce_scatter"], "{:.1f} s", src),
+                    f"row{i}_late_s": derived(dp["late"], "{:.1f} s", src),
+                    f"row{i}_pp_nic_s": derived(dp["pp_nic"], "{:.2f} s", src),
+                    f"row{i}_mb_s": derived(t_mb, "{:.2f} s", src)})
     return out
 
 
@@ -130,7 +152,8 @@ def _constants() -> dict[str, Number]:
                "attention.cudnn_cp_chunk": "{:.0f} TFLOP/s", "hbm.stream_fraction": "{:.0%}",
                "elementwise.eager": "{:.1f}", "nvlink.busbw_fraction": "{:.0%}",
                "nic.busbw_fraction": "{:.0%}", "gemm.table": "{:.0f}",
-               "nccl.base_latency": "{:g} µs"}     # its steps: collectives.alpha_*
+               "nccl.base_latency": "{:g} µs", "efa.all_gather_32x32MiB": "{:.0%}",
+               "efa.all_reduce_32x8GiB": "{:.0%}"}     # nccl's steps: collectives.alpha_*
     out = {name.replace(".", "_"): measured(c[name].value, fmt, c[name].source)
            for name, fmt in formats.items()}
     out["n_constants"] = Number(len(c), source="python -m minipar.costmodel constants")
@@ -219,5 +242,5 @@ def _search() -> dict[str, Number]:
 
 
 def numbers() -> dict[str, Number]:
-    return {**_table4_numbers(), **_flops(), **_placement(), **_tiny_bytes(), **_constants(),
+    return {**_table4_numbers(), **_dp_reductions(), **_flops(), **_placement(), **_tiny_bytes(), **_constants(),
             **_memory(), **_search()}
