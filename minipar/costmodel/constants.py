@@ -201,6 +201,11 @@ class Precision:
     optimizer_bytes: int = 12   # per parameter: Adam's m and v (+ fp32 master weights)
     reduce_bytes: int = 4       # gradients as data parallelism reduces them
 
+    @property
+    def state_bytes_per_param(self) -> int:
+        """Weights, gradients and optimizer state: what each parameter costs before sharding."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
 
 # Llama 3: bf16 weights and activations; "FP32 gradient accumulation during backward
 # computation over multiple micro-batches and also reduce-scatter gradients in FP32"

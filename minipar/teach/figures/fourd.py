@@ -12,13 +12,13 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
-from ...config import ModelConfig, ParallelConfig
+from ...config import ModelConfig
 from ...costmodel import LLAMA3_CLUSTER, rules
 from ...costmodel.calibration import held_out_runs, published_runs
 from ...costmodel.evaluate import predict
 from ...formulas.pipeline_parallel import bubble_fraction
 from ...grid import AXES, ProcessGrid
-from ..numbers.fourd import DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, worked_cluster, worked_plan
+from ..numbers.fourd import DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, dp_rule_share, worked_cluster, worked_plan
 from .. import replays
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
@@ -274,9 +274,7 @@ def dp_rule(dps=(8, 32, 128, 512), frameworks=DP_FRAMEWORKS):
     """Rule 5 (`plot_dp_threshold`): exposed DP over the step of Llama 3 70B at TP8 against
     tokens per DP rank (a batch of `DP_RULE_BATCH` sequences of 8K), a line per framework (its reduce
     dtype, buckets and ZeRO stage), and each worked pair at its planned DP."""
-    model, c = ModelConfig.preset("llama3-70b"), LLAMA3_CLUSTER
-    shares = {f"70B TP8, {fw}": [rules.dp_share(model, ParallelConfig(tp=8, sp=True, dp=d, zero=1), c, 8192,
-                                                DP_RULE_BATCH, framework=fw) for d in dps] for fw in frameworks}
+    shares = {f"70B TP8, {fw}": [dp_rule_share(d, fw) for d in dps] for fw in frameworks}
     fig = plot_dp_threshold([DP_RULE_BATCH * 8192 // d for d in dps], shares)
     place_pairs(fig.axes[0], {f"{k} DP{e.parallel.dp}": (e.workload.tokens / e.parallel.dp,
                                                           e.time_breakdown_s["dp"] / e.step_time_s)

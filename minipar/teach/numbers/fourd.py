@@ -144,10 +144,10 @@ def _held_out() -> dict[str, Number]:
 
 def _rule1() -> dict[str, Number]:
     m, c = ModelConfig.preset(L405), cm.LLAMA3_CLUSTER
-    per_param = BF16_MIXED.param_bytes + BF16_MIXED.grad_bytes + BF16_MIXED.optimizer_bytes
-    state = per_param * param_count(m)
+    state = BF16_MIXED.state_bytes_per_param * param_count(m)
+    row = cm.TABLE4[0]
     return {"state_gpus": derived(-(-state // (c.hbm_gb * 1e9)), "{:,.0f}", source="state / HBM"),
-            "state_per_gpu_gb": derived(state / 128 / 1e9, "{:.0f} GB", source="state / (TP8 x PP16)"),
+            "state_per_gpu_gb": derived(state / (row.tp * row.pp) / 1e9, "{:.0f} GB", source="state / (TP8 x PP16)"),
             "ridge": Number(c.peak_flops / c.hbm_Bps, "{:.0f}", source="989 TFLOP/s / 3.35 TB/s")}
 
 
@@ -185,16 +185,21 @@ def _crossing(ratio, budget: float, xs) -> int:
     return next(x for x in xs if ratio(x) <= budget)
 
 
-def _dp_by_framework(dp: int = 32) -> dict[str, Number]:
-    """Exposed DP over the step of Llama 3 70B at TP8, `dp` replicas, 1,024 sequences of 8K,
-    under each framework's reduce (`figures.fourd.dp_rule` draws the same)."""
-    model = ModelConfig.preset("llama3-70b")
+def dp_rule_share(dp: int, framework: str) -> float:
+    """Rule 5's ratio: exposed DP over the step of Llama 3 70B at TP8 with `dp` replicas and
+    a batch of `DP_RULE_BATCH` sequences of 8K, under `framework`'s reduce
+    (`figures.fourd.dp_rule` draws it; `_dp_by_framework` quotes it)."""
     pc = ParallelConfig(tp=8, sp=True, dp=dp, zero=1)
+    return rules.dp_share(ModelConfig.preset("llama3-70b"), pc, cm.LLAMA3_CLUSTER, 8192, DP_RULE_BATCH,
+                          framework=framework)
+
+
+def _dp_by_framework(dp: int = 32) -> dict[str, Number]:
+    """`dp_rule_share` at `dp` replicas under each framework."""
     out = {"dp_fw_tokens": Number(DP_RULE_BATCH * 8192 // dp, "{:,}", source="the batch's tokens over the replicas"),
            "dp_fw_batch": Number(DP_RULE_BATCH, "{:,}", source="figures.fourd.dp_rule's batch")}
     for fw in DP_FRAMEWORKS:
-        out[f"dp_fw_{fw}"] = Number(rules.dp_share(model, pc, cm.LLAMA3_CLUSTER, 8192, DP_RULE_BATCH, framework=fw),
-                                    "{:.1%}", source=_RULES + f", --framework {fw}")
+        out[f"dp_fw_{fw}"] = Number(dp_rule_share(dp, fw), "{:.1%}", source=_RULES + f", --framework {fw}")
     return out
 
 

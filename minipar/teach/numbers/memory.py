@@ -98,7 +98,7 @@ def bf16_stall() -> int:
 def _precision() -> dict[str, Number]:
     """Llama 3's mixed precision, byte by byte per parameter."""
     p = BF16_MIXED
-    per_param = p.param_bytes + p.grad_bytes + p.optimizer_bytes
+    per_param = p.state_bytes_per_param
     n = param_count(ModelConfig.preset("llama3-405b"))
     return {
         "bf16_param_bytes": assumed(p.param_bytes, source="bf16 weights for the matmuls: the "
