@@ -712,6 +712,11 @@ def test_rails_ring_algorithms_stage_pace_and_drain():
     split = nanotron_split(m80, 16)
     assert sum(n for n, _ in split) == 80 and split[-1][1] == 1 and max(n for n, _ in split) == 6
     assert stage_loads(m80, 16, "even") == [(5.0, 1 / 16)]
+    # Llama 3's split (paper 3.3.2): one layer fewer on the first and last of 16 x 8 stages
+    llama = stage_loads(L405, 16, "trainer", 8)
+    assert [n for n, _ in llama] == [7.0] + [8.0] * 14 + [7.0] and [h for _, h in llama][-1] == 1.0
+    from minipar.costmodel.table4 import PAPER_SPLIT
+    assert all(e.workload.stage_split == PAPER_SPLIT == "trainer" for _, e in cm.table4())
     # the drain hides DP only for the later chunks of an interleaved rank
     assert pipeline_drain_seconds(16, 1, 1.0) == 0 == pipeline_drain_seconds(1, 8, 1.0)
     assert pipeline_drain_seconds(16, 8, 1.0) == pytest.approx(7 / 8 * 15 / 16)

@@ -156,7 +156,7 @@ def _run(row: dict) -> PublishedRun:
     name = row.get("framework") or ("llama3" if llama3 else "nanotron")
     pc, precision, eff = apply(framework(name), _model(row["model"]), pc)
     cluster = LLAMA3_CLUSTER if llama3 else PLAYBOOK_CLUSTER
-    split = "even" if llama3 else "nanotron"     # nanotron cuts the pipeline by its own rule
+    split = "trainer" if llama3 else "nanotron"  # Llama 3's split (`table4.PAPER_SPLIT`); nanotron's own rule
     model, printed = _model(row["model"]), float(row["mfu"])
     ratio = 1.0 if llama3 else playbook_flops_ratio(model, pp, seq)
     return PublishedRun(row["source"], model, pc, cluster,

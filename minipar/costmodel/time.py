@@ -104,7 +104,8 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
     elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
     per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
     layers, head_share = pace_stage(model, pc, work, per_layer, head)
-    loads = [n * per_layer + share * head for n, share in stage_loads(model, pc.pp, work.stage_split)]
+    split = stage_loads(model, pc.pp, work.stage_split, pc.virtual_stages)
+    loads = [n * per_layer + share * head for n, share in split]
     matmul = layers * sum(f + b for f, b in linears.values()) + head * head_share
     attention, elementwise = layers * attention, layers * elementwise
     if work.recompute == "full":                     # the forward again: a third of the work
@@ -156,7 +157,7 @@ def pace_stage(model: ModelConfig, pc: ParallelConfig, work: Workload, per_layer
                head: float) -> tuple[float, float]:
     """(layers, head share) of the pipeline rank with the most seconds of compute: in a
     pipeline every rank waits for the slowest (`workload.stage_loads`)."""
-    return max(stage_loads(model, pc.pp, work.stage_split), key=lambda s: s[0] * per_layer + s[1] * head)
+    return max(stage_loads(model, pc.pp, work.stage_split, pc.virtual_stages), key=lambda s: s[0] * per_layer + s[1] * head)
 
 
 def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,

@@ -118,18 +118,21 @@ def nanotron_split(model: ModelConfig, pp: int) -> list[tuple[int, int]]:
     return [tuple(x) for x in out]
 
 
-def stage_loads(model: ModelConfig, pp: int, split: str = "even") -> list[tuple[float, float]]:
+def stage_loads(model: ModelConfig, pp: int, split: str = "even",
+                virtual_stages: int = 1) -> list[tuple[float, float]]:
     """(layers, share of the LM head) of each pipeline rank. "even": n_layers / pp and 1/pp
-    of the head on every rank, Llama 3's balance (embedding and head in stages of their
-    own, 126 layers + 2 on 128 chunks). "nanotron": `nanotron_split` (80 layers + head on
-    16 ranks: two ranks hold 6 layers, not 5). "trainer": minipar's own (`stage_split`: the
-    layers balanced, the whole head on the last rank). The busiest rank sets the pipeline's pace
-    (`time.compute_seconds` weighs each by its seconds)."""
+    of the head on every rank, a perfect balance. "nanotron": `nanotron_split` (80 layers +
+    head on 16 ranks: two ranks hold 6 layers, not 5). "trainer": minipar's own
+    (`parallel.schedules.stage_split` over pp x `virtual_stages` stages, the whole head on the
+    last rank), which is Llama 3's where there are more stages than layers: the embedding
+    and the head take a stage of their own, so the first and last ranks hold one layer fewer
+    (405B: 126 layers on 16 x 8 stages, 7 on the end ranks, 8 between). The busiest rank
+    sets the pipeline's pace (`time.compute_seconds` weighs each by its seconds)."""
     if split not in STAGE_SPLITS:
         raise ConfigError(unknown("stage split", split, STAGE_SPLITS))
     if split == "even" or pp == 1:
         return [(model.n_layers / pp, 1.0 / pp)]
     if split == "trainer":
         return [(float(n), float(r == pp - 1)) for r, n in
-                enumerate(rank_layers(model, pp, 1, r) for r in range(pp))]
+                enumerate(rank_layers(model, pp, virtual_stages, r) for r in range(pp))]
     return [(float(n), float(h)) for n, h in nanotron_split(model, pp)]
