@@ -145,7 +145,7 @@ def fabric_busbw_GBps(fabric: str, op: str, servers: int, size: float) -> float:
     message of `size` bytes over `servers` servers, interpolated in log size and log servers
     between the measured points and flat beyond them (the reduce-scatter, which has no
     measurement, runs the all-gather's ring). Below the smallest size measured the caller
-    adds latency (`hardware.axis_seconds`)."""
+    adds NCCL's latency (`hardware.measured_collective_seconds`)."""
     curves = FABRIC_CURVES[fabric]["all_gather" if op == "reduce_scatter" else op]
     counts = sorted(curves)
     at = [(n, _interpolate(size, curves[n])) for n in counts]
