@@ -42,11 +42,20 @@ def median(xs: list[float]) -> float:
 GEMM_TABLE = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
 
 
-def _attention_curve(rows: list[dict]) -> tuple[int, list[float], list[float]]:
-    """(shortest length measured, log lengths, forward + backward TFLOP/s) of one kernel:
-    causal FLOPs (half the square), the backward counted as twice the forward."""
-    return (rows[0]["seq"], [math.log(r["seq"]) for r in rows],
-            [3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12 for r in rows])
+def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
+    """y at x on a curve of (x, y) points, linear in log x, flat beyond the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return points[-1][1]
+
+
+def _attention_curve(rows: list[dict]) -> list[tuple[float, float]]:
+    """(sequence length, forward + backward TFLOP/s) of one kernel, by length: causal FLOPs
+    (half the square), the backward counted as twice the forward."""
+    return [(r["seq"], 3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12) for r in rows]
 
 
 ATTENTION_CURVES = {kernel: _attention_curve(rows) for kernel, rows in KERNELS["attention"].items()}
@@ -54,15 +63,13 @@ ATTENTION_CURVES = {kernel: _attention_curve(rows) for kernel, rows in KERNELS["
 
 def attention_tflops(kernel: str, block: float) -> float:
     """Measured TFLOP/s of an attention kernel on `block`-token sequences (`ATTENTION_CURVES`),
-    interpolated in log(block) between the measured lengths, flat beyond them."""
-    shortest, xs, ys = ATTENTION_CURVES[kernel]
-    x = math.log(max(block, 1.0))
-    if x <= xs[0]:
-        return ys[0] * block / shortest                # shorter than measured: launch-bound
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
+    interpolated in log(block) between the measured lengths (`_interpolate`), flat beyond
+    the longest, launch-bound (proportional to the length) below the shortest."""
+    curve = ATTENTION_CURVES[kernel]
+    shortest, speed = curve[0]
+    if block <= shortest:
+        return speed * max(block, 1.0) / shortest
+    return _interpolate(block, curve)
 
 
 CP_ATTENTION_TFLOPS = {kernel: median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
@@ -128,16 +135,6 @@ FABRIC_CURVES = {name: _fabric_curves(path) for name, path in FABRIC_FILES.items
 # the smallest message each fabric was measured with
 FABRIC_SMALLEST = {name: min(pts[0][0] for by_nodes in curves.values() for pts in by_nodes.values())
                    for name, curves in FABRIC_CURVES.items()}
-
-
-def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
-    """y at x on a curve of (x, y) points, linear in log x, flat beyond the ends."""
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
-    return points[-1][1]
 
 
 def fabric_busbw_GBps(fabric: str, op: str, servers: int, size: float) -> float:
