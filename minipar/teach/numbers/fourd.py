@@ -20,7 +20,7 @@ from ...costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, layout_order,
                                    order_kept, residuals, summary as evaluate_summary)
 from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                   memory_budget_gb, plan)
-from ...flops import param_count
+from ...flops import flops_per_token, param_count
 from .core import Number, assumed, derived
 
 _EVAL = "python -m minipar.costmodel.evaluate"
@@ -72,6 +72,7 @@ def _fit() -> dict[str, Number]:
            "worst_res": Number(summary["worst_abs_error"], "{:.1f}", source=_EVAL),
            "worst_res_kept": Number(summary["worst_abs_error_not_memory_bound"], "{:.1f}", source=_EVAL)}
     out.update(_flop_count())
+    out.update(_same_layout_gap())
     for i, (run, r) in enumerate(zip(runs, res), 1):
         pc = run.parallel
         layout = " ".join(f"{a.upper()}{getattr(pc, a)}" for a in ("tp", "cp", "pp", "dp")
@@ -88,6 +89,25 @@ def _fit() -> dict[str, Number]:
                                   source="published_runs.csv / calibration.playbook_flops_ratio")
         out[f"res_{i}"] = Number(r, "{:+.1f}", source=_EVAL)
     return out
+
+
+def published_step_seconds(run) -> float:
+    """A published run's step time, read back from its MFU (in minipar's FLOP count)."""
+    tokens = run.work.global_batch * run.work.seq_len
+    return tokens * flops_per_token(run.model, run.work.seq_len) / (
+        run.parallel.world_size * run.mfu * run.cluster.peak_flops)
+
+
+def _same_layout_gap() -> dict[str, Number]:
+    """The 80B model's PP16 x TP4 replica, alone on 64 GPUs and four of them on 256: the
+    published seconds per pipeline slot (m + p - 1 of them per step) of each."""
+    runs = [r for r in cm.published_runs() if r.model.name == "80B" and r.parallel.pp == 16]
+    alone, four = sorted(runs, key=lambda r: r.parallel.dp)
+    slot = [published_step_seconds(r) / (r.parallel.microbatches + r.parallel.pp - 1) for r in (alone, four)]
+    src = "published_runs.csv: published step / (m + p - 1)"
+    return {"slot_80b_alone_s": Number(slot[0], "{:.3f} s", source=src),
+            "slot_80b_four_s": Number(slot[1], "{:.3f} s", source=src),
+            "slot_80b_slower": Number(slot[0] / slot[1] - 1, "{:.0%}", source=src)}
 
 
 def _flop_count() -> dict[str, Number]:
