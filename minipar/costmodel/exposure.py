@@ -80,6 +80,13 @@ def cp_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: W
     return max(0.0, t - t_attention)        # K,V of the next block travel meanwhile
 
 
+def p2p_message_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
+                      precision: Precision) -> float:
+    """One pipeline send: a micro-batch's [tokens, dim] activations (or their gradient),
+    1/tp of them under sequence parallelism."""
+    return work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
+
+
 def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
                         work: Workload, precision: Precision, eff: Efficiency,
                         t_mb: float) -> float:
@@ -90,7 +97,7 @@ def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster
     is slower."""
     if pc.pp == 1:
         return 0.0
-    size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
+    size = p2p_message_bytes(model, pc, work, precision)
     t_p2p = axis_seconds(size, "pp", pc, cluster, eff.links, "send", 1)
     chunk = t_mb / pc.virtual_stages
     m = work.microbatches(pc)

@@ -191,11 +191,11 @@ def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
         return 0.0
     span = stride * size if span is None else span
     inter = span > cluster.gpus_per_node
-    intra_eff, inter_eff = network if isinstance(network, tuple) else (network, network)
-    bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * (inter_eff if inter else intra_eff)
     nodes = max(1, min(size, math.ceil(span / cluster.gpus_per_node))) if inter else 1
     if inter and op in MEASURED_OPS and cluster.fabric in FABRIC_CURVES and calls >= 1:
         rail = rail_members(cluster, stride, size)
         return calls * measured_collective_seconds(nbytes / calls, op, size, nodes, rail, cluster)
+    intra_eff, inter_eff = network if isinstance(network, tuple) else (network, network)
+    bw = group_bandwidth_GBps(cluster, stride, size, pc.world_size, span) * (inter_eff if inter else intra_eff)
     latency = calls * collective_latency_s(op, size, nodes, cluster) if op else 0.0
     return nbytes / (bw * 1e9) + latency

@@ -26,7 +26,7 @@ from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_byte
 from . import frameworks, kernels
 from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
 from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds, first_backward_delay,
-                       p2p_exposed_seconds, pipeline_drain_seconds, tp_exposed_seconds)
+                       p2p_exposed_seconds, p2p_message_bytes, pipeline_drain_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
 from .memory import memory_per_gpu, param_total_local
 from .wire import comm_bytes_per_gpu
@@ -103,8 +103,8 @@ def compute_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, clus
                                           cluster, eff.attention)
     elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
     per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
-    layers, head_share = pace_stage(model, pc, work, per_layer, head)
     split = stage_loads(model, pc.pp, work.stage_split, pc.virtual_stages)
+    layers, head_share = pace_stage(split, per_layer, head)
     loads = [n * per_layer + share * head for n, share in split]
     matmul = layers * sum(f + b for f, b in linears.values()) + head * head_share
     attention, elementwise = layers * attention, layers * elementwise
@@ -153,11 +153,12 @@ def pass_seconds(model: ModelConfig, pc: ParallelConfig, work: Workload, cluster
                                                    cluster)}
 
 
-def pace_stage(model: ModelConfig, pc: ParallelConfig, work: Workload, per_layer: float,
+def pace_stage(split: list[tuple[float, float]], per_layer: float,
                head: float) -> tuple[float, float]:
-    """(layers, head share) of the pipeline rank with the most seconds of compute: in a
-    pipeline every rank waits for the slowest (`workload.stage_loads`)."""
-    return max(stage_loads(model, pc.pp, work.stage_split, pc.virtual_stages), key=lambda s: s[0] * per_layer + s[1] * head)
+    """(layers, head share) of the pipeline rank with the most seconds of compute among the
+    ranks' (layers, head share) `split` (`workload.stage_loads`): in a pipeline every rank
+    waits for the slowest."""
+    return max(split, key=lambda s: s[0] * per_layer + s[1] * head)
 
 
 def microbatch_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
@@ -227,9 +228,9 @@ def pipeline_nic_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluste
     use too."""
     if pc.pp == 1 or pc.tp * pc.cp < cluster.gpus_per_node:
         return 0.0
-    size = work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
     sends = 2 * work.microbatches(pc) * pc.virtual_stages
-    return axis_seconds(sends * size, "pp", pc, cluster, eff.links, "send", sends)
+    return axis_seconds(sends * p2p_message_bytes(model, pc, work, precision), "pp", pc, cluster,
+                        eff.links, "send", sends)
 
 
 def _estimate(model, pc: ParallelConfig, cluster, work: Workload, precision, eff) -> Estimate:
