@@ -479,9 +479,9 @@ def test_no_quantity_is_stated_under_two_keys():
     numbers, by_text = all_numbers(), {}
     for key, number in numbers.items():
         text = number.text()
-        if "replays.replayed(" in number.source:
-            continue        # a replay of a recorded run: its last digit varies between recordings,
-            # so its agreement with another number is chance, never one quantity
+        if number.recorded:
+            continue        # read off a replay of a recorded run: its agreement with another
+            # number is chance, never one quantity (`Number.recorded`)
         if re.match(r"[\d.,]+\s?[A-Za-zµ]", text) and "e+" not in text:
             by_text.setdefault(text, set()).add(key)
     twice = {frozenset(keys) for keys in by_text.values()

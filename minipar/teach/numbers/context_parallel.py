@@ -20,7 +20,7 @@ from ...formulas.context_parallel import cp_wire_bytes_per_step
 from ...parallel.schedules import stage_layer_counts
 from ...parallel.context_analysis import attention_work, contiguous_chunks
 from .. import replays
-from .core import Number, derived, measured, replayed_ms
+from .core import Number, derived, from_replay, measured, replayed_ms
 
 # A 7B-like model with full multi-head attention (every query head its own K/V head).
 MHA_7B = ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_dim=11008,
@@ -126,12 +126,12 @@ def _replayed() -> dict[str, Number]:
     src = "replays.replayed('{}'), rank mean"
     hidden, exposed = ring.hidden_s["cp"], ring.exposed_s["cp"]
     return {
-        "replay_ring_hidden_share": derived(hidden / (hidden + exposed), "{:.0%}",
-                                            src.format("context_parallel")),
+        "replay_ring_hidden_share": from_replay(hidden / (hidden + exposed), "{:.0%}",
+                                                src.format("context_parallel")),
         "replay_allgather_exposed": replayed_ms(gather.exposed_s["cp"],
                                                 src.format("context_parallel_allgather")),
-        "replay_allgather_share": derived(gather.exposed_s["cp"] / gather.step_time_s, "{:.1%}",
-                                          "exposed CP time / the step, replayed"),
+        "replay_allgather_share": from_replay(gather.exposed_s["cp"] / gather.step_time_s, "{:.1%}",
+                                              "exposed CP time / the step, replayed"),
         "replay_seq": Number(replays.RUNS["context_parallel"].seq_len),
     }
 

@@ -47,6 +47,8 @@ class Number:
     evidence: str | None = None  # a key of EVIDENCE, for facts about Llama 3
     source: str = ""             # the paper's table or section, or the function that computes it
     quantity: str = ""           # a key of QUANTITIES when other chapters state it too
+    recorded: bool = False       # read off a replay of a recorded run: its last digit varies
+    #                              between recordings, so it may meet another number by chance
 
     def __post_init__(self):
         if self.evidence is not None and self.evidence not in EVIDENCE:
@@ -85,9 +87,14 @@ def two_digits(x: float) -> float:
     return float(f"{x:.2g}")
 
 
+def from_replay(value, fmt: str, source: str) -> Number:
+    """A number read off a replay of a recorded run (`teach.replays`), derived: `recorded`."""
+    return Number(value, fmt, "derived", source, recorded=True)
+
+
 def replayed_ms(seconds: float, source: str) -> Number:
-    """A replayed time in ms, two significant digits (`two_digits`), derived."""
-    return derived(two_digits(seconds * 1e3), "{:,g} ms", source)
+    """A replayed time in ms, two significant digits (`two_digits`), from a replay."""
+    return from_replay(two_digits(seconds * 1e3), "{:,g} ms", source)
 
 
 def merge(modules: dict[str, dict[str, Number]]) -> dict[str, Number]:

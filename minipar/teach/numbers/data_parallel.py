@@ -15,7 +15,7 @@ from ...costmodel.table4 import TABLE4
 from ...formulas.data_parallel import zero_bytes_per_param
 from ...parallel.data import FIRST_BUCKET_MB
 from .. import replays
-from .core import Number, derived, paper, replayed_ms
+from .core import Number, derived, from_replay, paper, replayed_ms
 
 
 @cache
@@ -93,8 +93,8 @@ def _replayed() -> dict[str, Number]:
     return {
         "replay_bucketed_hidden": replayed_ms(bucketed.hidden_s["dp"], src.format("data_parallel")),
         "replay_naive_exposed": replayed_ms(naive.exposed_s["dp"], src.format("data_parallel_naive")),
-        "replay_naive_slower": derived(naive.step_time_s / bucketed.step_time_s - 1, "{:.0%}",
-                                       "replayed step times, naive / bucketed - 1"),
+        "replay_naive_slower": from_replay(naive.step_time_s / bucketed.step_time_s - 1, "{:.0%}",
+                                           "replayed step times, naive / bucketed - 1"),
     }
 
 

@@ -10,7 +10,7 @@ from ...formulas.pipeline_parallel import bubble_fraction
 from ...parallel.schedules import split_layers
 from ...parallel.schedules import Action, make_schedule, simulate
 from .. import replays
-from .core import Number, assumed, derived, two_digits
+from .core import Number, assumed, derived, from_replay, two_digits
 
 P, M, V, T_COMM = 4, 8, 2, 0.2      # the chapter's interleaved example, with a transfer time
 
@@ -81,12 +81,12 @@ def _replayed() -> dict[str, Number]:
     out, src = {}, "replays.replayed('{}')"
     for key, name in (("1f1b", "pipeline_parallel"), ("interleaved", "pipeline_parallel_interleaved")):
         run = replays.replayed(name)
-        out[f"replay_bubble_{key}"] = derived(run.bubble_fraction, "{:.0%}", src.format(name))
+        out[f"replay_bubble_{key}"] = from_replay(run.bubble_fraction, "{:.0%}", src.format(name))
         out[f"replay_formula_{key}"] = derived(replays.estimated(name).bubble_fraction, "{:.0%}",
                                                "(p-1)/(v m+p-1), replays.estimated")
     work = stage_compute_s(replays.replayed("pipeline_parallel").trace)
-    out["replay_last_stage_extra"] = derived(work[max(work)] / work[0] - 1, "{:.0%}",
-                                             "last stage's F+B seconds / the first's - 1")
+    out["replay_last_stage_extra"] = from_replay(work[max(work)] / work[0] - 1, "{:.0%}",
+                                                 "last stage's F+B seconds / the first's - 1")
     return out
 
 
@@ -102,12 +102,12 @@ def _llama3_replayed() -> dict[str, Number]:
         "l3_recorded_tp": Number(recorded["tp"], source=src),
         "l3_recorded_dp": Number(recorded["dp"], source=src),
         "l3_zero": Number(recorded["zero"], "ZeRO-{}", source="replays.RUNS['llama3']"),
-        "l3_step": derived(two_digits(run.step_time_s), "{:g} s", src),
-        "l3_bubble": derived(run.bubble_fraction, "{:.0%}", src),
-        "l3_mfu": derived(run.mfu, "{:.0%}", src),
-        "l3_dp_exposed": derived(two_digits(run.exposed_s["dp"]), "{:g} s", src),
-        "l3_tp_exposed": derived(two_digits(run.exposed_s["tp"]), "{:g} s", src),
-        "l3_pp_exposed": derived(two_digits(run.exposed_s["pp"]), "{:g} s", src),
+        "l3_step": from_replay(two_digits(run.step_time_s), "{:g} s", src),
+        "l3_bubble": from_replay(run.bubble_fraction, "{:.0%}", src),
+        "l3_mfu": from_replay(run.mfu, "{:.0%}", src),
+        "l3_dp_exposed": from_replay(two_digits(run.exposed_s["dp"]), "{:g} s", src),
+        "l3_tp_exposed": from_replay(two_digits(run.exposed_s["tp"]), "{:g} s", src),
+        "l3_pp_exposed": from_replay(two_digits(run.exposed_s["pp"]), "{:g} s", src),
         "l3_model_step": derived(two_digits(est.step_time_s), "{:g} s", model),
         "l3_model_mfu": derived(est.mfu, "{:.0%}", model),
         "l3_model_bubble": derived(est.bubble_fraction, "{:.0%}", model),
