@@ -190,6 +190,29 @@ def test_table4_from_the_physics_within_its_bounds():
         assert label not in UNEXPLAINED or gap > 0
 
 
+def test_table4_what_if_the_fabric_were_slower():
+    """`table4(**changes)` is Table 4 with one efficiency changed; rows 1 and 2 are bound by
+    the NIC, so their MFU rises with its bus bandwidth, and `nic_window` is exactly the swept
+    rates at which both land within the tolerance (never the constant: that would be a fit)."""
+    from minipar.costmodel.constants import NIC_BUSBW_FRACTION
+    from minipar.costmodel.table4 import NIC_SWEEP, TOLERANCE, nic_sensitivity, nic_window
+    base = [e.mfu for _, e in cm.table4()]
+    assert [e.mfu for _, e in cm.table4(network_inter=NIC_BUSBW_FRACTION)] == base
+    assert [e.mfu for _, e in cm.table4(attention="flash2")] != base
+    sweep = nic_sensitivity()
+    assert list(sweep) == list(NIC_SWEEP)
+    for i in (0, 1):
+        curve = [mfus[i] for mfus in sweep.values()]
+        assert curve == sorted(curve) and curve[-1] - curve[0] > 0.05
+    lo, hi = nic_window(sweep)
+
+    def agree(f):
+        return all(100 * abs(sweep[f][i] - cm.TABLE4[i].mfu) <= TOLERANCE for i in (0, 1))
+    assert [f for f in NIC_SWEEP if agree(f)] == [f for f in NIC_SWEEP if lo <= f <= hi]
+    assert lo < hi and NIC_SWEEP[0] < lo and hi < NIC_SWEEP[-1]
+    assert nic_window(sweep, tolerance=0.1) is None
+
+
 def test_table4_runs_the_papers_stack():
     # every row goes through frameworks.LLAMA3: FSDP units of one layer, fp32 reduce-scatter
     rows = cm.table4()

@@ -17,8 +17,8 @@ from .fourd import (describe_grid, plot_bubble_threshold, plot_cp_threshold, plo
                     plot_plan, plot_rank_grid, plot_tp_threshold)
 from .memory import (plot_layer_breakdown, plot_measured_vs_predicted, plot_recompute_tradeoff,
                      plot_table4_budget)
-from .mfu import (comm_volume_figure, measured_vs_predicted_figure,
-                  memory_figure, network_figure, table4_figure)
+from .mfu import (comm_volume_figure, measured_vs_predicted_figure, memory_figure,
+                  network_figure, nic_sensitivity_figure, table4_figure)
 from .failures import plot_checkpoint_waste, plot_interruptions, plot_restart_curves
 from .cluster import plot_exposure, plot_trace_tracks, step_window
 

@@ -8,20 +8,21 @@ against the model's prediction. Every number comes from `minipar.costmodel`.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numpy as np
 from matplotlib.patches import Rectangle
 
 from ...costmodel import (LLAMA3_CLUSTER, TABLE4, table4,
                           wire_seconds)
+from ...costmodel.constants import NIC_BUSBW_FRACTION
+from ...costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
 from ...config import ModelConfig
 from ...flops import attention_flops_per_token, dense_flops_per_token
 from .. import replays
-from ..style import AXES, AXIS_NAMES, COLORS, PAGE_WIDTH, stacked_bars
+from ..style import AXES, AXIS_NAMES, BLUE, COLORS, GREEN, ORANGE, PAGE_WIDTH, stacked_bars
 
 
 def table4_figure(results=None):
-    """Published vs predicted MFU for the three rows of Llama 3's Table 4, with the +-3 point
-    band the prediction must fall in. `results`: `costmodel.table4()` (computed if None)."""
+    """Published vs predicted MFU for the three rows of Llama 3's Table 4, with the
+    +-TOLERANCE point band the prediction must fall in. `results`: `costmodel.table4()` (computed if None)."""
     results = results if results is not None else table4()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     xs = range(len(results))
@@ -32,7 +33,8 @@ def table4_figure(results=None):
     ax.bar([x + 0.2 for x in xs], predicted, 0.4, label="predicted (minipar.costmodel)",
            color=COLORS["compute"])
     for x, p, q in zip(xs, published, predicted):
-        ax.add_patch(Rectangle((x - 0.42, p - 3), 0.84, 6, fill=False, ls=":", ec="black", lw=0.8))
+        ax.add_patch(Rectangle((x - 0.42, p - TOLERANCE), 0.84, 2 * TOLERANCE, fill=False, ls=":",
+                               ec="black", lw=0.8))
         ax.text(x - 0.2, p + 0.4, f"{p:.0f}", ha="center", fontsize=9)
         ax.text(x + 0.2, q + 0.4, f"{q:.1f}", ha="center", fontsize=9)
     ax.set_xticks(list(xs))
@@ -41,7 +43,38 @@ def table4_figure(results=None):
     ax.set_ylabel("MFU (%)")
     ax.set_ylim(0, 55)
     ax.legend(loc="upper right", fontsize=8)
-    ax.set_title("Llama 3 405B: one set of constants, three rows (dotted: +-3 points)", fontsize=10)
+    ax.set_title(f"Llama 3 405B: one set of constants, three rows (dotted: ±{TOLERANCE:g} points)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def nic_sensitivity_figure(sweep=None):
+    """Table 4's rows predicted at each bus bandwidth across servers (a fraction of the NIC's
+    line rate), against the published MFU and its +-TOLERANCE band: where the measured
+    constant sits, and the window in which the two NIC-bound rows would both agree.
+    `sweep`: `costmodel.table4.nic_sensitivity()` (computed if None)."""
+    sweep = sweep if sweep is not None else nic_sensitivity()
+    window = nic_window(sweep)
+    xs = [100 * f for f in sweep]
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.6))
+    for i, (row, colour) in enumerate(zip(TABLE4, (BLUE, ORANGE, GREEN))):
+        label = f"row {i + 1}: {row.gpus:,} GPUs, DP{row.dp}, seq {row.seq_len:,}"
+        ax.plot(xs, [100 * mfus[i] for mfus in sweep.values()], color=colour, lw=2, label=label)
+        ax.axhspan(100 * row.mfu - TOLERANCE, 100 * row.mfu + TOLERANCE, color=colour, alpha=0.08)
+        ax.axhline(100 * row.mfu, color=colour, ls="--", lw=0.8)
+    if window:
+        ax.axvspan(100 * window[0], 100 * window[1], color=COLORS["reference"], alpha=0.25,
+                   label=f"rows 1 and 2 both within {TOLERANCE:g} points")
+    ax.axvline(100 * NIC_BUSBW_FRACTION, color="black", lw=1)
+    ax.annotate("the model: nccl-tests\non InfiniBand", (100 * NIC_BUSBW_FRACTION, 32),
+                xytext=(-6, 0), textcoords="offset points", ha="right", fontsize=8)
+    ax.set_xlabel("bus bandwidth across servers (% of the NIC's 400 Gb/s)")
+    ax.set_ylabel("MFU (%)")
+    ax.set_ylim(30, 52)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"Table 4 against the fabric's bus bandwidth (dashed: published, band: ±{TOLERANCE:g})",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
