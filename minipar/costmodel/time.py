@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .. import flops
 from ..config import ConfigError, ModelConfig, ParallelConfig
-from ..formulas.pipeline_parallel import bubble_fraction, pp_bytes
+from ..formulas.pipeline_parallel import bubble_fraction
 from ..formulas.tensor_parallel import tp_cross_entropy_bytes, tp_embedding_bytes, tp_head_bytes, tp_norm_bytes
 from . import frameworks, kernels
 from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
@@ -29,7 +29,7 @@ from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds, fi
                        p2p_exposed_seconds, p2p_message_bytes, pipeline_drain_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
 from .memory import memory_per_gpu, param_total_local
-from .wire import comm_bytes_per_gpu
+from .wire import comm_bytes_per_gpu, pipeline_bytes
 from .workload import Workload, layout_problems, make_workload, stage_loads
 
 
@@ -222,15 +222,13 @@ def step_extras(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: 
 
 def pipeline_nic_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
                          precision: Precision, eff: Efficiency) -> float:
-    """Seconds the pipeline's sends of one step (`pp_bytes`: an activation forward and a
-    gradient back, per micro-batch and chunk, on the busiest rank) keep a rank's NIC busy,
-    when its pipeline neighbours sit in other servers (a model copy of tp x cp GPUs fills
-    them): the NIC that DP's reductions use too."""
+    """Seconds the pipeline's sends of one step (`wire.pipeline_bytes`: an activation
+    forward and a gradient back, per micro-batch and chunk, on the busiest rank) keep a
+    rank's NIC busy, when its pipeline neighbours sit in other servers (a model copy of
+    tp x cp GPUs fills them): the NIC that DP's reductions use too."""
     if pc.pp == 1 or pc.tp * pc.cp < cluster.gpus_per_node:
         return 0.0
-    busiest = max(pp_bytes(work.tokens_per_microbatch(pc), model.dim, pc.pp, work.microbatches(pc),
-                           precision.act_bytes, stage, pc.virtual_stages, pc.tp if pc.sp else 1)
-                  for stage in range(pc.pp))
+    busiest = max(pipeline_bytes(model, pc, work, precision, stage) for stage in range(pc.pp))
     sends = busiest / p2p_message_bytes(model, pc, work, precision)
     return axis_seconds(busiest, "pp", pc, cluster, eff.links, "send", sends)
 

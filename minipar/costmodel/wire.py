@@ -18,6 +18,13 @@ from .constants import BF16_MIXED, Precision
 from .workload import Workload
 
 
+def pipeline_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
+                   precision: Precision, stage: int) -> int:
+    """Pipeline bytes rank `stage` sends per step (`formulas.pp_bytes` for this layout)."""
+    return pp_bytes(work.tokens_per_microbatch(pc), model.dim, pc.pp, work.microbatches(pc),
+                    precision.act_bytes, stage, pc.virtual_stages, pc.tp if pc.sp else 1)
+
+
 def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workload,
                        precision: Precision = BF16_MIXED, stage: int = 0) -> dict[str, int]:
     """Wire bytes pipeline rank `stage` (default 0: rank 0, whose CommLog `--log-json`
@@ -33,8 +40,7 @@ def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workl
                                 norm_shards=pc.dp * pc.cp if pc.zero >= 1 else 1)
     cp = cp_wire_bytes_per_step(model, b, s, pc.cp, pc.cp_impl, m, tp=pc.tp, n_layers=layers,
                                 dtype_bytes=act, recompute=work.recompute)
-    pp = pp_bytes(work.tokens_per_microbatch(pc), model.dim, pc.pp, m, act, stage,
-                  pc.virtual_stages, pc.tp if pc.sp else 1)
+    pp = pipeline_bytes(model, pc, work, precision, stage)
     params = local_param_count(model, pc.tp, layers, first, last)
     dp = dp_bytes(params, pc.dp * pc.cp, pc.zero, m, precision.reduce_bytes, precision.param_bytes)
     return {"tp": tp, "cp": cp, "pp": pp, "dp": dp}

@@ -243,5 +243,5 @@ def _search() -> dict[str, Number]:
 
 
 def numbers() -> dict[str, Number]:
-    return {**_table4_numbers(), **_nic_window(), **_dp_reductions(), **_flops(), **_placement(), **_tiny_bytes(), **_constants(),
-            **_memory(), **_search()}
+    return {**_table4_numbers(), **_nic_window(), **_dp_reductions(), **_flops(), **_placement(),
+            **_tiny_bytes(), **_constants(), **_memory(), **_search()}
