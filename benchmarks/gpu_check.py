@@ -8,7 +8,7 @@ tests/test_device.py), `train.jsonl` (`--log-json` of the training run), `mfu.js
 (`benchmarks/gpu_mfu.py --json`) and `steps.tsv` (each step's name, exit status and
 seconds). A step that did not run or failed is reported as such, never filled in.
 Throughput is the median over the steps after the first `WARMUP` (compilation, allocator
-warm-up); MFU uses PaLM's convention (6N + 12·L·h·s FLOPs per token, see minipar.flops).
+warm-up); MFU uses PaLM's convention (6N + 12·L·h·s FLOPs per token, see minipar.plan.flops).
 """
 from __future__ import annotations
 

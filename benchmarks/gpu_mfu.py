@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from minipar.config import ModelConfig  # noqa: E402
+from minipar.plan.config import ModelConfig
 
 # Llama 3.2 1B: 16 layers, 2048 wide, 32 heads of 64, 8 KV heads, FFN 8192, 128K vocabulary
 MODEL_1B = ModelConfig.preset("llama3.2-1b")
@@ -51,15 +51,16 @@ def top_costs(step, device_type: str, k: int = 5) -> list[dict]:
 
 def rank_main(steps: int, batch: int, seq_len: int, compile_blocks: bool, profile: bool = False):
     import torch.distributed as dist
-    from minipar import comm, launch
-    from minipar.grid import ProcessGrid
-    from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallel.data import DataParallel
-    from minipar.train import adamw
+    from minipar.trainer import comm
+    from minipar.runtime import launch
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import Transformer, cross_entropy_sum
+    from minipar.trainer.parallel.data import DataParallel
+    from minipar.trainer.step import adamw
 
     n = dist.get_world_size()
     grid = ProcessGrid(dp=n, rank=dist.get_rank()).init_groups()
-    device = launch.device()
+    device = comm.device()
     torch.backends.cuda.matmul.allow_tf32 = True
     model = Transformer(MODEL_1B, seed=0).to(device)
     if compile_blocks:
@@ -111,8 +112,9 @@ def main(argv=None) -> int:
               "on GPUs only, so there is nothing to measure.")
         write_json(args.json, {"gpu": None, "rows": []})
         return 0
-    from minipar import flops, launch
-    from minipar.peak import peak_flops
+    from minipar.plan import flops
+    from minipar.runtime import launch
+    from minipar.runtime.peak import peak_flops
     available = torch.cuda.device_count()
     top = min(args.gpus or available, available, 8)
     worlds = [n for n in (1, 2, 4, 8) if n <= top]

@@ -43,7 +43,7 @@ def time_alternating(ours, theirs, n_steps: int) -> tuple[float, float]:
     is paused so counting costs neither side anything."""
     import time
     import torch.distributed as dist
-    from minipar import comm
+    from minipar.trainer import comm
 
     times = {ours: [], theirs: []}
     with comm.paused():
@@ -75,12 +75,12 @@ def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
     zero 0, FSDP2 for zero 3) on the same model, data and world, steps alternating ours / theirs."""
     import torch
     import torch.distributed as dist
-    from minipar.config import ModelConfig, ParallelConfig
-    from minipar.grid import ProcessGrid
-    from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallel.zero import zero3_units
-    from minipar.parallelize import data_parallel
-    from minipar.train import adamw
+    from minipar.plan.config import ModelConfig, ParallelConfig
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import Transformer, cross_entropy_sum
+    from minipar.trainer.parallel.zero import zero3_units
+    from minipar.trainer.parallelize import data_parallel
+    from minipar.trainer.step import adamw
 
     cfg = ModelConfig(**BENCH_MODEL)
     n = dist.get_world_size()
@@ -121,7 +121,7 @@ def _dp_rank(zero: int, n_steps: int, batch: int, seq: int):
 
 
 def _dp_peer(zero, quick):
-    from minipar import launch
+    from minipar.runtime import launch
     n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
     res = launch.run_local(_dp_rank, 2, zero, n_steps, batch, seq, timeout_s=300)
     ours = max(r[0] for r in res)        # a step is as slow as its slowest rank
@@ -169,10 +169,11 @@ def _tp_rank(n_steps: int, batch: int, seq: int):
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-    from minipar.config import ModelConfig
-    from minipar.grid import ProcessGrid
-    from minipar.model import Transformer
-    from minipar.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy_sum
+    from minipar.plan.config import ModelConfig
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import Transformer
+    from minipar.trainer.parallel.tensor import (apply_tensor_parallel,
+                                                 vocab_parallel_cross_entropy_sum)
 
     cfg = ModelConfig(**BENCH_MODEL)
     n = dist.get_world_size()
@@ -206,7 +207,7 @@ def _tp_rank(n_steps: int, batch: int, seq: int):
 @peer("tp_vs_dtensor")
 def tp_vs_dtensor(quick):
     """minipar's tensor parallelism vs torch.distributed.tensor.parallel (DTensor), TP=2."""
-    from minipar import launch
+    from minipar.runtime import launch
     n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
     res = launch.run_local(_tp_rank, 2, n_steps, batch, seq, timeout_s=300)
     ours = max(r[0] for r in res)        # a step is as slow as its slowest rank
@@ -230,10 +231,10 @@ def _pp_rank(n_steps: int, batch: int, seq: int, n_micro: int):
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from minipar.config import ModelConfig, ParallelConfig
-    from minipar.grid import ProcessGrid
-    from minipar.model import cross_entropy_sum
-    from minipar.parallel.pipeline import build_stage_modules, pipeline_forward_backward
+    from minipar.plan.config import ModelConfig, ParallelConfig
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import cross_entropy_sum
+    from minipar.trainer.parallel.pipeline import build_stage_modules, pipeline_forward_backward
 
     cfg = ModelConfig(**BENCH_MODEL)
     p, r = dist.get_world_size(), dist.get_rank()
@@ -282,7 +283,7 @@ def _pp_rank(n_steps: int, batch: int, seq: int, n_micro: int):
 @peer("pp_vs_torch_pipelining")
 def pp_vs_torch_pipelining(quick):
     """minipar's pipeline executor (1F1B) vs torch.distributed.pipelining's Schedule1F1B."""
-    from minipar import launch
+    from minipar.runtime import launch
     ranks, n_micro = (2, 4) if quick else (4, 8)
     n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
     res = launch.run_local(_pp_rank, ranks, n_steps, batch, seq, n_micro, timeout_s=300)
@@ -303,11 +304,11 @@ def _recompute_rank(n_steps: int, batch: int, seq: int):
     import torch
     import torch.distributed as dist
     from torch.utils.checkpoint import checkpoint
-    from minipar.config import ModelConfig, ParallelConfig
-    from minipar.grid import ProcessGrid
-    from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallelize import data_parallel
-    from minipar.recompute import apply_recompute
+    from minipar.plan.config import ModelConfig, ParallelConfig
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import Transformer, cross_entropy_sum
+    from minipar.trainer.parallelize import data_parallel
+    from minipar.trainer.recompute import apply_recompute
 
     cfg = ModelConfig(**BENCH_MODEL)
     n = dist.get_world_size()
@@ -340,7 +341,7 @@ def _recompute_rank(n_steps: int, batch: int, seq: int):
 @peer("recompute_vs_torch_checkpoint")
 def recompute_vs_torch_checkpoint(quick):
     """minipar's full recompute vs torch.utils.checkpoint per block (forward + backward)."""
-    from minipar import launch
+    from minipar.runtime import launch
     n_steps, batch, seq = (6, 8, 64) if quick else (20, 16, 128)
     res = launch.run_local(_recompute_rank, 2, n_steps, batch, seq, timeout_s=300)
     return result(max(r[0] for r in res), max(r[1] for r in res), ranks=2, model=BENCH_MODEL,

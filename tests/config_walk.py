@@ -1,4 +1,4 @@
-"""A walk of the run's configuration: from `train.train_on_rank`, follow the whole
+"""A walk of the run's configuration: from `runtime.run.train_on_rank`, follow the whole
 `TrainConfig` wherever it is handed on, and count the steps that climb back up the book:
 a function of an earlier chapter's file that receives the whole run configuration (so that
 a reader of that earlier file must already know the run's flags).
@@ -15,8 +15,8 @@ import ast
 
 import test_layers as layers
 
-START = ("minipar.train", "train_on_rank", "cfg")
-CONFIG_CLASS = ("minipar.config", "TrainConfig")
+START = ("minipar.runtime.run", "train_on_rank", "cfg")
+CONFIG_CLASS = ("minipar.plan.config", "TrainConfig")
 
 
 def _functions(tree) -> dict[str, ast.FunctionDef]:

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # and check.mjs) with --confcutdir=tests/html, so this file and this line do not apply there.
 collect_ignore = ["html"]
 
-# Variables torchrun sets. minipar.launch joins an existing world when it sees them, so a
+# Variables torchrun sets. minipar.runtime.launch joins an existing world when it sees them, so a
 # test must never inherit them from the shell that started pytest.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -49,7 +49,7 @@ def free_port() -> int:
 @pytest.fixture
 def no_rank_may_start(monkeypatch):
     """Bad input is refused before any process starts: starting one fails the test."""
-    from minipar import launch
+    from minipar.runtime import launch
 
     def refuse(*a, **k):
         raise AssertionError("a rank was started for input that could be checked first")

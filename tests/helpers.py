@@ -5,10 +5,11 @@ import functools
 
 import torch
 
-from minipar import comm, testing
-from minipar.config import ParallelConfig, TrainConfig
-from minipar.parallel.tensor import TP_PLAN, style_of
-from minipar.train import train
+from minipar.trainer import comm
+from minipar.runtime import testing
+from minipar.plan.config import ParallelConfig, TrainConfig
+from minipar.trainer.parallel.tensor import TP_PLAN, style_of
+from minipar.runtime.run import train
 
 STEPS = 5
 

@@ -22,34 +22,34 @@ import pytest
 import torch
 
 from helpers import losses, max_rel_diff
-from minipar import checkpoint, launch
-from minipar.checkpoint import CheckpointError
-from minipar.config import ModelConfig, ParallelConfig
-from minipar.formulas.failures import daly_interval, expected_waste, young_interval
-from minipar.grid import ProcessGrid
-from minipar.model import Transformer
-from minipar.parallelize import data_parallel
-from minipar.parallel.zero import FlatShards
-from minipar.config import TrainConfig
-from minipar.train import main, train
+from minipar.runtime import checkpoint, launch
+from minipar.runtime.checkpoint import CheckpointError
+from minipar.plan.config import ModelConfig, ParallelConfig
+from minipar.plan.formulas.failures import daly_interval, expected_waste, young_interval
+from minipar.trainer.grid import ProcessGrid
+from minipar.trainer.model import Transformer
+from minipar.trainer.parallelize import data_parallel
+from minipar.trainer.parallel.zero import FlatShards
+from minipar.plan.config import TrainConfig
+from minipar.runtime.run import main, train
 
 try:
-    from minipar.parallel import tensor as _tensor  # noqa: F401
+    from minipar.trainer.parallel import tensor as _tensor
     HAVE_TP = True
 except ImportError:
     HAVE_TP = False
 try:
-    from minipar.parallel import pipeline as _pipeline  # noqa: F401
+    from minipar.trainer.parallel import pipeline as _pipeline
     HAVE_PP = True
 except ImportError:
     HAVE_PP = False
 try:
-    from minipar.parallel import context as _context  # noqa: F401
+    from minipar.trainer.parallel import context as _context
     HAVE_CP = True
 except ImportError:
     HAVE_CP = False
 
-needs_tp = pytest.mark.skipif(not HAVE_TP, reason="minipar/parallel/tensor.py not there yet")
+needs_tp = pytest.mark.skipif(not HAVE_TP, reason="minipar/trainer/parallel/tensor.py not there yet")
 needs_tp_pp_cp = pytest.mark.skipif(not (HAVE_TP and HAVE_PP and HAVE_CP),
                                     reason="tensor/pipeline/context parallelism not there yet")
 
@@ -63,7 +63,7 @@ def virtual_rank(tp: int, dp: int, zero: int, rank: int, seed: int = 0):
     grid = ProcessGrid(tp=tp, dp=dp, rank=rank)
     model = Transformer(TINY, seed=seed)
     if tp > 1:
-        from minipar.parallel.tensor import apply_tensor_parallel
+        from minipar.trainer.parallel.tensor import apply_tensor_parallel
         model = apply_tensor_parallel(model, grid.tp)
     dp_ = data_parallel([model], grid, ParallelConfig(tp=tp, dp=dp, zero=zero, bucket_mb=0.01))
     optimizer = torch.optim.AdamW([x for x, _ in dp_.optimizer_params()])
@@ -143,8 +143,8 @@ def test_tp_local_is_the_tensor_parallel_cut():
     assert torch.equal(checkpoint.tp_local(full, 1, 2, 3), full[:, 4:])
     assert checkpoint.tp_local(full, None, 1, 2) is full
     if HAVE_TP:
-        from minipar.comm import Axis
-        from minipar.parallel.tensor import shard_param
+        from minipar.trainer.comm import Axis
+        from minipar.trainer.parallel.tensor import shard_param
         for dim in (0, 1):
             p = shard_param(full, Axis("tp", (0, 1), 1), dim)
             assert torch.equal(checkpoint.tp_local(full, p._tp_dim, 1, 2), p.data)
@@ -212,7 +212,7 @@ if HAVE_TP and HAVE_PP:
 @pytest.mark.parametrize("layout", RESHARD, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()) or "single")
 def test_resume_in_another_layout_continues_the_curve(saved, reference, layout):
     if layout.get("cp", 1) > 1 and not HAVE_CP:
-        pytest.skip("minipar/parallel/context.py not there yet")
+        pytest.skip("minipar/trainer/parallel/context.py not there yet")
     root, _, _ = saved
     out = run(resume=os.path.join(root, "step_000004"), **layout)
     assert max_rel_diff(losses(out), reference) <= 1e-5
@@ -229,11 +229,11 @@ def test_tp2_pp2_resumes_at_dp2_cp2(tmp_path, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_PP, reason="minipar/parallel/pipeline.py not there yet")
+@pytest.mark.skipif(not HAVE_PP, reason="minipar/trainer/parallel/pipeline.py not there yet")
 def test_tied_embeddings_saved_from_two_stages_resume_on_one(tmp_path, monkeypatch):
     """With tied embeddings the first stage's embedding and the last stage's head are one
     tensor: saved once, under one name, and read back by a model holding both."""
-    from minipar import config
+    from minipar.plan import config
     monkeypatch.setitem(config.PRESETS, "tied", dataclasses.replace(TINY, tie_embeddings=True))
     root = str(tmp_path / "run")
     reference = losses(run(steps=4, model="tied"))

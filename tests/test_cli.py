@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from minipar import cli, run
-from minipar.config import ParallelConfig, TrainConfig
-from minipar.train import main
+from minipar.plan import flags
+from minipar.runtime import run
+from minipar.plan.config import ParallelConfig, TrainConfig
+from minipar.runtime.run import main
 
 BAD = [
     (["--dp", "0"], "--dp 0 must be a positive integer"),
@@ -94,10 +95,10 @@ def test_byte_data_trains(tmp_path):
 def test_flags_are_generated_from_the_config_fields():
     """One place for each default and its help: no flag, no default, no field is written
     twice."""
-    assert cli.parse([]) == TrainConfig()
-    assert cli.parse(["--tp", "2", "--sp", "--no-progress", "--data", "x.txt"]) == TrainConfig(
+    assert flags.parse([]) == TrainConfig()
+    assert flags.parse(["--tp", "2", "--sp", "--no-progress", "--data", "x.txt"]) == TrainConfig(
         parallel=ParallelConfig(tp=2, sp=True), progress=False, data="x.txt")
-    text = cli.build_parser().format_help()
+    text = flags.build_parser().format_help()
     assert "python -m minipar.torchrun" in " ".join(text.split())   # the command under torchrun
     for cls in (ParallelConfig, TrainConfig):
         for f in dataclasses.fields(cls):
@@ -109,8 +110,8 @@ def test_flags_are_generated_from_the_config_fields():
 def test_problems_name_their_flag_and_rule():
     """A rule's line is what the user reads; code asks its flag and rule, never its words.
     The cost model allows the Llama 3 split's two extra stages: the same rule, a parameter."""
-    from minipar.config import ConfigError, ModelConfig
-    from minipar import costmodel as cm
+    from minipar.plan.config import ConfigError, ModelConfig
+    from minipar.plan import costmodel as cm
     layout = ParallelConfig(pp=4, virtual_stages=4, schedule="interleaved")
     [p] = layout.problems(ModelConfig(), 32, 8)
     assert (p.flag, p.rule, p) == ("--pp", "stages",
@@ -153,7 +154,7 @@ def bad_paths(tmp):
 
 
 def test_files_and_paths_are_checked_before_any_rank(tmp_path, capsys, monkeypatch):
-    from minipar import launch
+    from minipar.runtime import launch
     started = []
     monkeypatch.setattr(launch, "run_local", lambda *a, **k: started.append(a) or [{"records": [], "ended": None}])
     for argv, message in bad_paths(tmp_path):
@@ -170,9 +171,9 @@ def test_files_and_paths_are_checked_before_any_rank(tmp_path, capsys, monkeypat
 def test_memory_a_preset_needs_is_compared_with_the_machine(monkeypatch):
     """The per-rank lower bound: the stage built whole in float32, or its TP shard with
     gradients and AdamW's m and v (16 B a weight), ZeRO-sharded; all local ranks add up."""
-    from minipar import preflight
-    from minipar.flops import param_count
-    from minipar.config import ConfigError, ModelConfig
+    from minipar.runtime import preflight
+    from minipar.plan.flops import param_count
+    from minipar.plan.config import ConfigError, ModelConfig
     big = TrainConfig(model="llama3-8b")
     n = param_count(ModelConfig.preset("llama3-8b"))
     assert preflight.stage_bytes(big.model_config(), big, 0)[:2] == (4 * n, 16 * n)
@@ -198,7 +199,7 @@ def test_odd_seq_len_trains_without_cp_and_interleaved_picks_its_microbatches(ca
     assert ParallelConfig(pp=2).microbatches == ParallelConfig(schedule="interleaved").microbatches == 1
     assert main(["--seq-len", "33", "--tp", "2", "--steps", "1", "--no-progress"]) == 0
     from helpers import losses, max_rel_diff
-    from minipar.train import train
+    from minipar.runtime.run import train
     ref = losses(train(TrainConfig(steps=2, progress=False)))
     cfg = TrainConfig(parallel=ParallelConfig(pp=2, schedule="interleaved", virtual_stages=2),
                       steps=2, progress=False)
@@ -208,7 +209,7 @@ def test_odd_seq_len_trains_without_cp_and_interleaved_picks_its_microbatches(ca
 def poison_gradients_at(monkeypatch, step_to_poison: int):
     """Every gradient of step `step_to_poison` becomes NaN (as an overflow would make it),
     on every rank: the forked ranks inherit the patched Trainer."""
-    from minipar import train as train_module
+    from minipar.trainer import step as train_module
     probe = train_module.Trainer.probe
 
     def poisoned(self, step):
@@ -236,8 +237,8 @@ def weight_sum(step, chunks, dp, grid):
 
 def test_skip_nonfinite_skips_the_update_and_goes_on(monkeypatch):
     from helpers import losses
-    from minipar.train import train
-    text = " ".join(cli.build_parser().format_help().split())
+    from minipar.runtime.run import train
+    text = " ".join(flags.build_parser().format_help().split())
     assert "--skip-nonfinite" in text and "instead of stopping the run" in text
     poison_gradients_at(monkeypatch, 1)
     out = train(TrainConfig(parallel=ParallelConfig(dp=2), steps=4, progress=False,
@@ -259,4 +260,4 @@ def test_make_lab_passes_allow_root_as_root(repo_root):
 def test_an_error_with_detail_prints_its_first_line_once(capsys):
     assert run.error(RuntimeError("rank 1 died\n(then ranks [0] failed)"), 1, detail=True) == 1
     assert capsys.readouterr().err.splitlines() == [
-        f"{cli.PROG}: error: rank 1 died", "(then ranks [0] failed)"]
+        f"{flags.PROG}: error: rank 1 died", "(then ranks [0] failed)"]

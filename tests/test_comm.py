@@ -3,9 +3,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import comm, launch, ring
-from minipar.grid import ProcessGrid
-from minipar.parallel import regions
+from minipar.trainer import comm, ring
+from minipar.runtime import launch
+from minipar.trainer.grid import ProcessGrid
+from minipar.trainer.parallel import regions
 
 from helpers import wire_bytes_of
 

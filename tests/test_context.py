@@ -9,17 +9,21 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import comm, launch
-from minipar.config import ModelConfig, ParallelConfig
-from minipar.comm import Axis
-from minipar.grid import ProcessGrid
-from minipar.model import Transformer, causal_attention
-from minipar.parallel import context
-from minipar.parallel.context import (CORES, apply_context_parallel, local_positions, ring_attention,
-                                      ring_steps, shard_for_context_parallel, zigzag_chunks)
-from minipar.parallel.context_analysis import attention_work, contiguous_chunks
-from minipar.formulas.context_parallel import cp_hops, cp_kv_bytes, cp_wire_bytes_per_step, ulysses_kv_heads, ulysses_layer_bytes
-from minipar.train import main
+from minipar.trainer import comm
+from minipar.runtime import launch
+from minipar.plan.config import ModelConfig, ParallelConfig
+from minipar.trainer.comm import Axis
+from minipar.trainer.grid import ProcessGrid
+from minipar.trainer.model import Transformer, causal_attention
+from minipar.trainer.parallel import context
+from minipar.trainer.parallel.context import (CORES, apply_context_parallel, local_positions,
+                                              ring_attention, ring_steps,
+                                              shard_for_context_parallel, zigzag_chunks)
+from minipar.trainer.parallel.context_analysis import attention_work, contiguous_chunks
+from minipar.plan.formulas.context_parallel import (cp_hops, cp_kv_bytes,
+                                                    cp_wire_bytes_per_step, ulysses_kv_heads,
+                                                    ulysses_layer_bytes)
+from minipar.runtime.run import main
 
 from helpers import assert_close_grads, assert_same_losses, reference, run_layout, wire_bytes_of
 
@@ -272,11 +276,11 @@ LAYOUTS = {
     "cp4-allgather": (dict(cp=4, cp_impl="allgather"), None),
     "cp2xdp2-ring-2micro": (dict(cp=2, dp=2, microbatches=2), None),
     "cp2xdp2-allgather-zero1": (dict(cp=2, dp=2, zero=1, cp_impl="allgather"), None),
-    "cp2xtp2-ring-sp": (dict(cp=2, tp=2, sp=True), "minipar.parallel.tensor"),
-    "cp2xtp2-allgather": (dict(cp=2, tp=2, cp_impl="allgather"), "minipar.parallel.tensor"),
-    "cp2xpp2-ring": (dict(cp=2, pp=2, microbatches=2), "minipar.parallel.pipeline"),
+    "cp2xtp2-ring-sp": (dict(cp=2, tp=2, sp=True), "minipar.trainer.parallel.tensor"),
+    "cp2xtp2-allgather": (dict(cp=2, tp=2, cp_impl="allgather"), "minipar.trainer.parallel.tensor"),
+    "cp2xpp2-ring": (dict(cp=2, pp=2, microbatches=2), "minipar.trainer.parallel.pipeline"),
     "cp2xpp2-allgather": (dict(cp=2, pp=2, microbatches=2, cp_impl="allgather"),
-                          "minipar.parallel.pipeline"),
+                          "minipar.trainer.parallel.pipeline"),
     "cp2-ulysses": (dict(cp=2, cp_impl="ulysses"), None),
     "cp4-ulysses": (dict(cp=4, cp_impl="ulysses"), None),
     "cp2xdp2-ulysses-2micro": (dict(cp=2, dp=2, microbatches=2, cp_impl="ulysses"), None),
@@ -337,7 +341,7 @@ def test_measured_cp_bytes_match_the_formula(name):
 def test_cost_model_agrees_on_the_bytes():
     if not _present("minipar.costmodel"):
         pytest.skip("minipar.costmodel does not exist yet")
-    from minipar.costmodel import cp_kv_bytes, cp_layer_bytes
+    from minipar.plan.costmodel import cp_kv_bytes, cp_layer_bytes
     for cp in (2, 4, 16):
         for impl in ("ring", "allgather"):
             tokens = 3 * 1024 // cp

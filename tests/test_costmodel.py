@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from minipar import costmodel as cm
-from minipar import flops
-from minipar.formulas.context_parallel import cp_wire_bytes_per_step
-from minipar.formulas.tensor_parallel import tp_wire_bytes_per_step
-from minipar.config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from minipar.plan import costmodel as cm
+from minipar.plan import flops
+from minipar.plan.formulas.context_parallel import cp_wire_bytes_per_step
+from minipar.plan.formulas.tensor_parallel import tp_wire_bytes_per_step
+from minipar.plan.config import (RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig,
+                                 TrainConfig)
 
 TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
 L405 = ModelConfig.preset("llama3-405b")
@@ -20,7 +21,7 @@ L405 = ModelConfig.preset("llama3-405b")
 
 # ------------------------------------------------------------------ bytes, by hand
 def test_ring_bytes_agree_with_commlog():
-    from minipar.comm import wire_bytes
+    from minipar.trainer.comm import wire_bytes
 
     for op in ("all_reduce", "all_gather", "reduce_scatter", "send"):
         for n in (1, 2, 3, 8):
@@ -138,7 +139,7 @@ def test_bubble_closed_forms(p, m, v):
 
 def test_bubble_matches_a_simulated_schedule():
     # The pipeline chapter's event simulator, where it exists, agrees with the closed form.
-    sched = pytest.importorskip("minipar.parallel.schedules")
+    sched = pytest.importorskip("minipar.plan.schedules")
     for name, p, m, v, times in [("1f1b", 4, 8, 1, (1, 2, 0)), ("interleaved", 4, 8, 2, (1, 2, 0)),
                                  ("zb", 4, 8, 1, (1, 1, 1))]:
         timeline = sched.simulate(sched.make_schedule(name, p, m, v), *times)
@@ -194,8 +195,8 @@ def test_table4_what_if_the_fabric_were_slower():
     """`table4(**changes)` is Table 4 with one efficiency changed; rows 1 and 2 are bound by
     the NIC, so their MFU rises with its bus bandwidth, and `nic_window` is exactly the swept
     rates at which both land within the tolerance (never the constant: that would be a fit)."""
-    from minipar.costmodel.constants import NIC_BUSBW_FRACTION
-    from minipar.costmodel.table4 import NIC_SWEEP, TOLERANCE, nic_sensitivity, nic_window
+    from minipar.plan.costmodel.constants import NIC_BUSBW_FRACTION
+    from minipar.plan.costmodel.table4 import NIC_SWEEP, TOLERANCE, nic_sensitivity, nic_window
     base = [e.mfu for _, e in cm.table4()]
     assert [e.mfu for _, e in cm.table4(network_inter=NIC_BUSBW_FRACTION)] == base
     assert [e.mfu for _, e in cm.table4(attention="flash2")] != base
@@ -384,8 +385,8 @@ def test_cli_layout_flags_are_the_trainers_with_the_cost_models_defaults():
     """One field, one flag, one help text: the layout flags come from ParallelConfig and
     TrainConfig; only their defaults are the cost model's (declared once, LAYOUT_DEFAULTS)."""
     import dataclasses
-    from minipar.config import TrainConfig
-    from minipar.costmodel.cli import LAYOUT_DEFAULTS
+    from minipar.plan.config import TrainConfig
+    from minipar.plan.costmodel.cli import LAYOUT_DEFAULTS
     text = " ".join(cm.build_parser().format_help().split())
     for cls, names in ((ParallelConfig, [f.name for f in dataclasses.fields(ParallelConfig)
                                          if f.name != "microbatches"]),
@@ -408,7 +409,7 @@ def test_cli_as_a_module_exits_2_without_traceback(repo_root):
 
 # ------------------------------------------------------------------ the axes' own formulas
 # Each axis's per-step byte count (the formula its CommLog is tested against, in
-# minipar.formulas) and the cost model's per-GPU assembly of the same pieces must agree.
+# minipar.plan.formulas) and the cost model's per-GPU assembly of the same pieces must agree.
 @pytest.mark.parametrize("tp, sp, pp, stage", [(2, False, 1, 0), (2, True, 1, 0), (4, True, 2, 0),
                                                (4, True, 2, 1), (2, False, 4, 2)])
 def test_tp_bytes_agree_with_the_tensor_parallel_module(tp, sp, pp, stage):
@@ -550,8 +551,8 @@ def test_gpu_presets_and_overrides():
 
 
 def test_gemms_are_measured_or_follow_the_measured_curve():
-    from minipar.costmodel.constants import KERNELS, attention_tflops
-    from minipar.costmodel.kernels import GEMM_TABLE
+    from minipar.plan.costmodel.constants import KERNELS, attention_tflops
+    from minipar.plan.costmodel.kernels import GEMM_TABLE
     c = cm.gpu_cluster("h100")
 
     def efficiency(m, n, k):
@@ -569,8 +570,8 @@ def test_gemms_are_measured_or_follow_the_measured_curve():
 
 
 def test_collectives_pay_nccls_latency_model():
-    from minipar.costmodel.constants import NCCL_LATENCY_US as lat
-    from minipar.costmodel.hardware import axis_seconds, collective_latency_s
+    from minipar.plan.costmodel.constants import NCCL_LATENCY_US as lat
+    from minipar.plan.costmodel.hardware import axis_seconds, collective_latency_s
     c = cm.LLAMA3_CLUSTER
     # inside a server: base + 2(n-1) NVLink steps
     assert collective_latency_s("all_reduce", 8, 1, c) == pytest.approx(1e-6 * (lat["base"] + 14 * 3.4))
@@ -610,7 +611,7 @@ UNEXPLAINED = {
 
 
 def test_evaluation_reports_every_row_and_its_targets():
-    from minipar.costmodel.evaluate import evaluation, memory_bound, residuals
+    from minipar.plan.costmodel.evaluate import evaluation, memory_bound, residuals
     runs = cm.published_runs()
     res = residuals(runs)
     assert len(runs) == 15 and [r.framework for r in runs] == ["llama3"] * 3 + ["nanotron"] * 12
@@ -630,7 +631,7 @@ def test_nothing_is_fitted_to_an_mfu():
     them; the constants come from the kernel measurements."""
     import importlib.util
     from pathlib import Path
-    assert importlib.util.find_spec("minipar.costmodel.fit") is None
+    assert importlib.util.find_spec("minipar.plan.costmodel.fit") is None
     pkg = Path(cm.__file__).parent
     readers = {p.name for p in pkg.glob("*.py") if "published_runs" in p.read_text()}
     assert readers <= {"calibration.py", "evaluate.py", "__init__.py", "constants.py"}
@@ -642,8 +643,8 @@ def test_the_playbooks_mfu_counts_the_embedding_lookup_as_a_matmul():
     minipar's count (tokens/s x `flops_per_token` / the 989.5 TFLOP/s bench_cluster uses) the
     printed MFU is `playbook_flops_ratio` times larger: 1 + 6hV/F where the embedding is a
     table of its own (1.17 for the 1.34B on two stages), 1 where it is the head's weight."""
-    from minipar.costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement,
-                                               playbook_flops_ratio, playbook_mfu_ratios)
+    from minipar.plan.costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement,
+                                                    playbook_flops_ratio, playbook_mfu_ratios)
     assert len(playbook_mfu_ratios()) > 900
     assert flop_count_agreement(0.02) > 0.97                     # within 2 %: 99 % of them
     assert flop_count_agreement(0.05, corrected=False) < 0.6     # as printed, most are not
@@ -655,8 +656,8 @@ def test_held_out_cells_are_not_fitted_on_and_are_predicted():
     """The heatmap's cells that are not calibration rows: the fit reads only the calibration
     file, and the model, never having seen them, lands within 8 points of each (the issue's
     goal for runs held back) but the named ones; the committed file says the same."""
-    from minipar.costmodel.calibration import heatmap_cells, held_out_runs
-    from minipar.costmodel.evaluate import order_kept, residuals
+    from minipar.plan.costmodel.calibration import heatmap_cells, held_out_runs
+    from minipar.plan.costmodel.evaluate import order_kept, residuals
     cells = heatmap_cells()
     calibration = {r.label for r in cm.published_runs() if r.source.startswith("ultrascale")}
     held = held_out_runs()
@@ -676,8 +677,8 @@ def test_layouts_of_one_model_on_one_cluster_are_ranked_better_than_chance():
     """The Playbook's figure tried many layouts per model and cluster size; ranking them is
     the planner's job. Better than a coin (half the pairs) by a margin, and the first pick
     is the published best somewhere; how often it is not is the chapter's to say."""
-    from minipar.costmodel.calibration import playbook_runs
-    from minipar.costmodel.evaluate import layout_order
+    from minipar.plan.costmodel.calibration import playbook_runs
+    from minipar.plan.costmodel.evaluate import layout_order
     runs = playbook_runs()
     assert len(runs) > 900 and all(r.mfu >= 0.05 for r in runs)
     order = layout_order(runs)
@@ -688,16 +689,16 @@ def test_layouts_of_one_model_on_one_cluster_are_ranked_better_than_chance():
 def test_a_stage_of_the_head_alone_is_priced():
     """nanotron's split of the 3.57B over 16 stages leaves a stage only the head; the
     estimate prices it (it used to divide by its zero layers)."""
-    from minipar.costmodel.calibration import playbook_runs
-    from minipar.costmodel.evaluate import predict
-    from minipar.costmodel.workload import nanotron_split
+    from minipar.plan.costmodel.calibration import playbook_runs
+    from minipar.plan.costmodel.evaluate import predict
+    from minipar.plan.costmodel.workload import nanotron_split
     assert (0, 1) in nanotron_split(cm.PLAYBOOK_MODELS["3.57B"], 16)
     runs = [r for r in playbook_runs() if r.model.name == "3.57B" and r.parallel.pp == 16]
     assert runs and all(0 < predict(r) < 1 for r in runs)
 
 
 def test_pairs_in_order():
-    from minipar.costmodel.evaluate import pairs_in_order
+    from minipar.plan.costmodel.evaluate import pairs_in_order
     assert pairs_in_order([1, 2, 3], [10, 20, 30]) == 1.0
     assert pairs_in_order([1, 2, 3], [30, 20, 10]) == 0.0
     assert pairs_in_order([1, 2, 3], [10, 30, 20]) == 2 / 3
@@ -708,8 +709,8 @@ def test_memory_model_is_below_what_nanotron_printed():
     gradients, optimizer state and activations; nanotron also keeps bf16 gradients beside
     its fp32 accumulator, DDP's bucket copies and the allocator's slack, none of which the
     model counts, so it must come out below every cell, and not by more than half."""
-    from minipar.costmodel.calibration import heatmap_cells
-    from minipar.costmodel.constants import BF16_MIXED
+    from minipar.plan.costmodel.calibration import heatmap_cells
+    from minipar.plan.costmodel.constants import BF16_MIXED
     for run, printed in heatmap_cells():
         total = cm.memory_per_gpu(run.model, run.parallel, run.work, BF16_MIXED)["total"] / 1e9
         assert 0.5 * printed < total < printed, (run.label, total, printed)
@@ -722,9 +723,9 @@ def test_playbook_shapes_match_their_names():
 
 def test_rails_ring_algorithms_stage_pace_and_drain():
     """The physics added for the calibration rows (issue 13), each by hand."""
-    from minipar.costmodel.exposure import pipeline_drain_seconds
-    from minipar.costmodel.hardware import rail_members
-    from minipar.costmodel.workload import nanotron_split, stage_loads
+    from minipar.plan.costmodel.exposure import pipeline_drain_seconds
+    from minipar.plan.costmodel.hardware import rail_members
+    from minipar.plan.costmodel.workload import nanotron_split, stage_loads
     c = cm.LLAMA3_CLUSTER
     # rails: a TP16 group fills two servers and crosses on all 8 NICs; Llama 3's DP on one
     assert rail_members(c, 1, 16) == 8 and rail_members(c, 128, 64) == 1
@@ -738,7 +739,7 @@ def test_rails_ring_algorithms_stage_pace_and_drain():
     # Llama 3's split (paper 3.3.2): one layer fewer on the first and last of 16 x 8 stages
     llama = stage_loads(L405, 16, "trainer", 8)
     assert [n for n, _ in llama] == [7.0] + [8.0] * 14 + [7.0] and [h for _, h in llama][-1] == 1.0
-    from minipar.costmodel.table4 import PAPER_SPLIT
+    from minipar.plan.costmodel.table4 import PAPER_SPLIT
     assert all(e.workload.stage_split == PAPER_SPLIT == "trainer" for _, e in cm.table4())
     # the drain hides DP only for the later chunks of an interleaved rank
     assert pipeline_drain_seconds(16, 1, 1.0) == 0 == pipeline_drain_seconds(1, 8, 1.0)
@@ -767,7 +768,7 @@ def test_table4_fits_in_80_gib_with_the_papers_fsdp():
 
 
 def test_zero2_reduce_scatters_hide_behind_the_rest_of_the_step():
-    from minipar.costmodel.exposure import dp_exposed_seconds
+    from minipar.plan.costmodel.exposure import dp_exposed_seconds
     # 4 micro-batches of 1 s, each reduce-scatter 0.9 s: 3.6 s of traffic behind 3 + 2/3 s
     assert dp_exposed_seconds(2, False, 4, 0.9, 0.0, 1.0) == 0.0
     # 1.5 s each: 6 s of traffic, 3 + 2/3 s to hide in
@@ -778,7 +779,7 @@ def test_zero2_reductions_wait_for_the_first_backward_and_share_the_nic():
     """In a pipeline a rank's first gradient exists only after micro-batch 0 has gone forward
     through every chunk and back to it; the idle bubble is window again. The pipeline's sends
     use the same NIC."""
-    from minipar.costmodel.exposure import dp_exposed_seconds, first_backward_delay
+    from minipar.plan.costmodel.exposure import dp_exposed_seconds, first_backward_delay
     assert first_backward_delay(1, 1, 1.0) == 0.0
     assert first_backward_delay(16, 1, 1.0) == 0.0              # 1F1B: warm-up = bubble
     # p=16, v=8: 15/3 + 15 * 2/24 of forward and backward before, 15/8 of bubble after
@@ -799,8 +800,8 @@ def test_efa_collectives_are_read_off_nccl_tests():
     EFA: at a measured point exactly, between points in log size, for fewer members per
     server as the same bytes through each NIC, and below the smallest size from NCCL's
     latency up."""
-    from minipar.costmodel.constants import FABRIC_CURVES, fabric_busbw_GBps
-    from minipar.costmodel.hardware import collective_latency_s, measured_collective_seconds
+    from minipar.plan.costmodel.constants import FABRIC_CURVES, fabric_busbw_GBps
+    from minipar.plan.costmodel.hardware import collective_latency_s, measured_collective_seconds
     curves = FABRIC_CURVES["efa"]
     size, busbw = curves["all_reduce"][16][3]                    # 256 MiB over 16 servers
     assert fabric_busbw_GBps("efa", "all_reduce", 16, size) == busbw
@@ -828,7 +829,7 @@ def test_efa_collectives_are_read_off_nccl_tests():
 
 
 def test_frameworks_change_what_the_stack_does():
-    from minipar.costmodel.frameworks import apply
+    from minipar.plan.costmodel.frameworks import apply
     pc = cm.TABLE4[0].parallel()
     for name, fw in cm.FRAMEWORKS.items():
         out, precision, eff = apply(fw, L405, pc)
@@ -843,7 +844,7 @@ def test_frameworks_change_what_the_stack_does():
 
 
 def test_cp_attention_uses_the_chunked_kernel_measurement():
-    from minipar.costmodel.constants import attention_tflops, cp_attention_tflops
+    from minipar.plan.costmodel.constants import attention_tflops, cp_attention_tflops
     c = cm.LLAMA3_CLUSTER
     t1 = cm.attention_seconds(L405, 8192, 131072, 16, 8, c, "cudnn")
     flops = 0.5 * 12 * L405.n_heads * L405.head_dim * 131072 * 8192 / 8

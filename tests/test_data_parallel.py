@@ -41,7 +41,7 @@ def test_tied_embeddings_on_one_stage_keep_one_copy_of_the_shared_matrix(zero):
     """With tied embeddings and no pipeline, the embedding and the head are one parameter
     in one chunk: ZeRO-3 gathers it for both uses and shards one copy of it (two units
     holding two copies used to train them apart, silently)."""
-    from minipar.config import ModelConfig
+    from minipar.plan.config import ModelConfig
     tied = ModelConfig(tie_embeddings=True, name="tied")
     out, ref = run_layout(dp=2, zero=zero, init_model=tied), reference(init_model=tied)
     assert_same_losses(out, ref)
@@ -101,11 +101,11 @@ def test_memory_per_rank_follows_the_zero_stage(zero, n):
 def _overlap_rank(zero):
     import torch
     import torch.distributed as dist
-    from minipar import events
-    from minipar.config import ModelConfig
-    from minipar.grid import ProcessGrid
-    from minipar.model import Transformer, cross_entropy_sum
-    from minipar.parallel.zero import ZERO_STAGES
+    from minipar.trainer import events
+    from minipar.plan.config import ModelConfig
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import Transformer, cross_entropy_sum
+    from minipar.trainer.parallel.zero import ZERO_STAGES
     grid = ProcessGrid(dp=2, rank=dist.get_rank()).init_groups()
     model = Transformer(ModelConfig.preset("tiny"), seed=0)
     dp = ZERO_STAGES[zero]([model], grid.dp_cp, bucket_mb=0.2)
@@ -130,7 +130,7 @@ def _overlap_rank(zero):
 def test_the_overlap_picture_is_in_the_event_stream(zero):
     """Each bucket's gradient collective is one event of the one stream: launched inside the
     backward, tagged with its bucket, ended by the time the backward's last wait returns."""
-    from minipar import launch
+    from minipar.runtime import launch
     for recorded, n_buckets in launch.run_local(_overlap_rank, 2, zero):
         op = "all_reduce" if zero == 0 else "reduce_scatter"
         buckets = [e for e in recorded if e["cat"] == "comm" and e["args"]["axis"] == "dp"
@@ -147,10 +147,10 @@ def test_the_optimizer_sees_each_parameter_whole_or_this_ranks_piece(zero):
     """What the loop's AdamW is built from: (tensor it updates, its parameter). The
     parameter keeps its number of dims even while ZeRO-3 has freed it (weight decay goes
     to matrices only), and the pieces of all ranks cover each parameter exactly once."""
-    from minipar.config import ModelConfig, ParallelConfig
-    from minipar.grid import ProcessGrid
-    from minipar.model import Transformer
-    from minipar.parallelize import data_parallel
+    from minipar.plan.config import ModelConfig, ParallelConfig
+    from minipar.trainer.grid import ProcessGrid
+    from minipar.trainer.model import Transformer
+    from minipar.trainer.parallelize import data_parallel
     reference = dict(Transformer(ModelConfig.preset("tiny"), seed=0).named_parameters())
     covered = {name: 0 for name in reference}
     for rank in range(2):

@@ -17,13 +17,15 @@ import os
 import pytest
 import torch
 
-from minipar import launch
-from minipar.config import ModelConfig
-from minipar.grid import ProcessGrid
-from minipar.model import Transformer, cross_entropy_sum
-from minipar.parallel import context
-from minipar.parallel.context import shard_sequence
-from minipar.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy_sum
+from minipar.runtime import launch
+from minipar.trainer import comm
+from minipar.plan.config import ModelConfig
+from minipar.trainer.grid import ProcessGrid
+from minipar.trainer.model import Transformer, cross_entropy_sum
+from minipar.trainer.parallel import context
+from minipar.trainer.parallel.context import shard_sequence
+from minipar.trainer.parallel.tensor import (apply_tensor_parallel,
+                                             vocab_parallel_cross_entropy_sum)
 
 DEVICE = os.environ.get("MINIPAR_DEVICE", "cpu")
 KINDS = ("model", "tp", "cp")
@@ -68,7 +70,7 @@ def loss_and_grads(kind: str, bf16: bool, grid: ProcessGrid, device: torch.devic
 def every_kind_on_one_rank() -> dict:
     """Runs as the only rank of a world (NCCL on a GPU, gloo on the CPU)."""
     grid = ProcessGrid().init_groups()
-    device = launch.device()
+    device = comm.device()
     if device.type == "cuda":        # float32 means float32: no TF32 matmuls
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

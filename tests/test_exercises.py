@@ -7,8 +7,8 @@ import torch.distributed as dist
 
 from minipar.teach import exercises as E
 from minipar.teach.exercises.core import number
-from minipar.config import ModelConfig
-from minipar.flops import param_count
+from minipar.plan.config import ModelConfig
+from minipar.plan.flops import param_count
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 LLAMA = ModelConfig.preset("llama3-405b")

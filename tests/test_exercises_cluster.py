@@ -2,13 +2,13 @@
 the placement they rest on agrees with ProcessGrid."""
 from __future__ import annotations
 
-from minipar.formulas.collectives import wire_bytes
-from minipar.flops import local_param_count
-from minipar.config import ModelConfig
-from minipar.grid import AXES, ProcessGrid
+from minipar.plan.formulas.collectives import wire_bytes
+from minipar.plan.flops import local_param_count
+from minipar.plan.config import ModelConfig
+from minipar.trainer.grid import AXES, ProcessGrid
 from minipar.teach.exercises import cluster as ex
-from minipar import placement as place
-from minipar import wire
+from minipar.runtime import topology as place
+from minipar.runtime import wire_meter
 from verdicts import Wrong, judged, peeling
 
 
@@ -38,7 +38,7 @@ def test_coords_of_catches_dp_innermost():
 
 def test_exposed():
     def counts_lanes_twice(compute, comm):     # subtracts compute per span, sums the spans
-        from minipar import traces
+        from minipar.plan import traces
         return sum(traces.length(traces.subtract([c], traces.union(compute))) for c in comm)
     judged(ex.check_exposed, ex.reference_exposed,
            lambda compute, comm: sum(b - a for a, b in comm), counts_lanes_twice)
@@ -48,5 +48,5 @@ def test_bytes_leaving_server_runs_one_step():
     local = local_param_count(ModelConfig.preset("tiny"), 2, 8, True, True)
     ring = wire_bytes("all_reduce", 2, 4 * local)      # fp32 gradients over DP 2
     measured, axes = ex.leaving_bytes(2, 2, 2)          # rank 0's wire, dp and world added
-    assert axes == ["dp", "world"] and 0 <= measured - ring <= 3 * wire.HEADER_BYTES
+    assert axes == ["dp", "world"] and 0 <= measured - ring <= 3 * wire_meter.HEADER_BYTES
     judged(ex.check_bytes_leaving_server, ring, 2 * ring)   # all-reduce counted twice

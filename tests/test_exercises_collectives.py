@@ -5,9 +5,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from minipar.ring import ring_schedule
-from minipar.formulas.collective_time import all_reduce_cost, all_reduce_time
-from minipar.formulas.collectives import wire_bytes
+from minipar.trainer.ring import ring_schedule
+from minipar.plan.formulas.collective_time import all_reduce_cost, all_reduce_time
+from minipar.plan.formulas.collectives import wire_bytes
 from minipar.teach import exercises as E
 from minipar.teach.figures.collectives import ring_states
 from verdicts import Wrong, judged

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from minipar import wire
-from minipar.config import ModelConfig
-from minipar.formulas.context_parallel import cp_wire_bytes_per_step
-from minipar.parallel.context import merge, zigzag_chunks
-from minipar.parallel.context_analysis import contiguous_chunks
+from minipar.runtime import wire_meter
+from minipar.plan.config import ModelConfig
+from minipar.plan.formulas.context_parallel import cp_wire_bytes_per_step
+from minipar.trainer.parallel.context import merge, zigzag_chunks
+from minipar.trainer.parallel.context_analysis import contiguous_chunks
 from minipar.teach.exercises import context_parallel as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
@@ -33,7 +33,7 @@ def test_predict_cp_bytes_is_measured_on_gloo(fresh_attempts):
     ring = cp_wire_bytes_per_step(ModelConfig.preset("tiny"), 8, 32, 2, "allgather")
     want = 3 * ring // 2        # gloo: the all-gather as the ring, the reduce-scatter an all-reduce
     measured = ex.measured_cp_bytes()                  # 8 all-gathers and 8 reduce-scatters
-    assert 0 <= measured - want <= 16 * wire.HEADER_BYTES
+    assert 0 <= measured - want <= 16 * wire_meter.HEADER_BYTES
     good = ex.check_predict_cp_bytes(want)              # the run
     assert good and "run / prediction" in good.message
     judged(ex.check_predict_cp_bytes, want, Wrong(want * 3, "more than a factor of 2 above"),

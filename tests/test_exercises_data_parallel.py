@@ -4,9 +4,9 @@ that forgets to gather), and shrug at None; its figures draw from the package's 
 import torch
 import torch.distributed as dist
 
-from minipar.config import ModelConfig
-from minipar.formulas.data_parallel import bucket_timeline
-from minipar.flops import param_count
+from minipar.plan.config import ModelConfig
+from minipar.plan.formulas.data_parallel import bucket_timeline
+from minipar.plan.flops import param_count
 from minipar.teach import exercises as E
 from minipar.teach.exercises.data_parallel import ZERO1_ADAMW, dp_loss_buggy
 from minipar.teach.figures.data_parallel import model_buckets

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from minipar.formulas.failures import expected_waste
+from minipar.plan.formulas.failures import expected_waste
 from minipar.teach.exercises import failures as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 

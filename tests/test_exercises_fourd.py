@@ -1,9 +1,9 @@
 """The 4D chapter's checks accept the right answer, reject the typical wrong ones, and say
 "not answered" for None (minipar/teach/exercises/fourd.py)."""
-from minipar.config import ModelConfig
-from minipar.flops import local_param_count
-from minipar.flops import param_count
-from minipar.grid import ProcessGrid
+from minipar.plan.config import ModelConfig
+from minipar.plan.flops import local_param_count
+from minipar.plan.flops import param_count
+from minipar.trainer.grid import ProcessGrid
 from minipar.teach.exercises import fourd as ex
 from verdicts import Wrong, fresh_attempts, judged, peeling  # noqa: F401 (a fixture)
 

@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from minipar.config import ModelConfig
-from minipar.grid import ProcessGrid
-from minipar.launch import run_local
-from minipar.parallel.tensor import apply_tensor_parallel
-from minipar.model import Transformer
+from minipar.plan.config import ModelConfig
+from minipar.trainer.grid import ProcessGrid
+from minipar.runtime.launch import run_local
+from minipar.trainer.parallel.tensor import apply_tensor_parallel
+from minipar.trainer.model import Transformer
 from minipar.teach.exercises import hf as ex
 from minipar.teach.figures.hf import TP_DIM
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)

@@ -1,8 +1,8 @@
 """The llama3 chapter's checks accept the right answer, reject the typical wrong ones, and
 say "not answered" for None."""
-from minipar.config import ModelConfig
-from minipar.costmodel.table4 import TABLE4
-from minipar.flops import layer_param_count, param_count
+from minipar.plan.config import ModelConfig
+from minipar.plan.costmodel.table4 import TABLE4
+from minipar.plan.flops import layer_param_count, param_count
 from minipar.teach.exercises import llama3 as ex
 from verdicts import Wrong, judged, peeling
 
@@ -53,7 +53,7 @@ def test_straddling_replicas():
 
 def test_the_figure_and_the_numbers_agree_on_which_replicas_straddle():
     from minipar.teach.figures.llama3 import replica_pods
-    from minipar.placement import straddling_replicas
+    from minipar.runtime.topology import straddling_replicas
     for row in TABLE4:
         pods = replica_pods(row.tp, row.cp, row.pp, row.dp, 3072)
         mine = [r for r, p in enumerate(pods) if len(p) > 1]
@@ -61,7 +61,7 @@ def test_the_figure_and_the_numbers_agree_on_which_replicas_straddle():
 
 
 def test_predict_stage_params_runs_minipar():
-    from minipar.config import ModelConfig
+    from minipar.plan.config import ModelConfig
     want = ex.stage_model_params()
     measured = ex.stage_run_params()               # the real four-rank run
     assert measured == want

@@ -2,10 +2,10 @@
 message that says where, and no answer is "not answered yet"."""
 from __future__ import annotations
 
-from minipar import costmodel as cm
-from minipar.config import ModelConfig, ParallelConfig
-from minipar.costmodel.memory import memory_of_rank
-from minipar.recompute import recomputed
+from minipar.plan import costmodel as cm
+from minipar.plan.config import ModelConfig, ParallelConfig
+from minipar.plan.costmodel.memory import memory_of_rank
+from minipar.trainer.recompute import recomputed
 from minipar.teach.exercises import memory as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 

@@ -1,8 +1,9 @@
 """The MFU chapter's checks accept the right answer, reject the typical wrong ones, and say
 "not answered" for None; the predict-then-run check runs minipar once (two forked ranks)."""
-from minipar import flops, wire
-from minipar.config import ModelConfig
-from minipar.flops import param_count
+from minipar.plan import flops
+from minipar.runtime import wire_meter
+from minipar.plan.config import ModelConfig
+from minipar.plan.flops import param_count
 from minipar.teach.exercises import mfu as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
@@ -32,7 +33,7 @@ def test_predict_dp_bytes_is_measured_on_gloo(fresh_attempts):
     ring = ex.dp_model_bytes()          # the cost model counts the ring: reduce-scatter + all-gather
     want = 3 * ring // 2                # gloo's reduce-scatter is an all-reduce: twice the ring's
     measured = ex.dp_run_bytes()                  # the real two-rank run
-    assert 0 <= measured - want <= 5 * wire.HEADER_BYTES
+    assert 0 <= measured - want <= 5 * wire_meter.HEADER_BYTES
     judged(ex.check_predict_dp_bytes, want, Wrong(ring, "Bytes on the wire, measured"),
            Wrong(2 * ring, "prediction"), measured=measured)        # an all-reduce on top
     assert ex.check_predict_dp_bytes(want)        # the run itself, through the check

@@ -2,7 +2,7 @@
 message that says what the simulator saw, and no answer is "not answered yet"."""
 from __future__ import annotations
 
-from minipar.parallel.schedules import make_schedule
+from minipar.plan.schedules import make_schedule
 from minipar.teach.exercises import core, pipeline_parallel as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
@@ -75,11 +75,11 @@ def test_predict_bubble_runs_minipar_and_reports_the_ratio(fresh_attempts):
 def test_the_reader_schedule_is_what_the_ranks_run(tmp_path):
     """`executing` really swaps the executor's plan: under --schedule 1f1b the ranks run
     AFAB's order when told to (all forwards of rank 0 before its first backward)."""
-    from minipar.config import ParallelConfig
-    from minipar import traces
-    from minipar.config import TrainConfig
-    from minipar.parallel.schedule_analysis import pipeline_events
-    from minipar.train import train
+    from minipar.plan.config import ParallelConfig
+    from minipar.plan import traces
+    from minipar.plan.config import TrainConfig
+    from minipar.plan.schedule_analysis import pipeline_events
+    from minipar.runtime.run import train
     with ex.executing(make_schedule("afab", 2, 4)):
         train(TrainConfig(parallel=ParallelConfig(pp=2, schedule="1f1b", microbatches=4),
                           global_batch=4, seq_len=32, steps=1, progress=False, profile=str(tmp_path)))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minipar.config import ModelConfig
-from minipar.formulas.tensor_parallel import tp_wire_bytes_per_step
-from minipar.formulas.collectives import wire_bytes
+from minipar.plan.config import ModelConfig
+from minipar.plan.formulas.tensor_parallel import tp_wire_bytes_per_step
+from minipar.plan.formulas.collectives import wire_bytes
 from minipar.teach.exercises import tensor_parallel as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 

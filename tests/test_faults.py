@@ -10,9 +10,9 @@ import time
 import pytest
 
 from helpers import losses
-from minipar.config import ParallelConfig
-from minipar.config import TrainConfig
-from minipar.train import main, train
+from minipar.plan.config import ParallelConfig
+from minipar.plan.config import TrainConfig
+from minipar.runtime.run import main, train
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from minipar import flops, peak
-from minipar.config import ModelConfig, ParallelConfig
+from minipar.plan import flops
+from minipar.runtime import peak
+from minipar.plan.config import ModelConfig, ParallelConfig
 
 L405 = ModelConfig.preset("llama3-405b")
 
@@ -29,7 +30,7 @@ def test_published_sizes_of_the_smaller_llamas():
 
 def test_param_count_matches_the_reference_model():
     # The independent reference: count the tensors minipar's model actually allocates.
-    from minipar.model import Transformer
+    from minipar.trainer.model import Transformer
 
     for cfg in (ModelConfig.preset("tiny"), ModelConfig(n_layers=2, tie_embeddings=True)):
         model = Transformer(cfg, seed=None)

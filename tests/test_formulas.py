@@ -1,4 +1,4 @@
-"""minipar.formulas: every closed form once, torch-free, and equal to what it replaced.
+"""minipar.plan.formulas: every closed form once, torch-free, and equal to what it replaced.
 
 The formulas module is imported by the axis files, the cost model, the figures and the
 tests; these tests pin (a) that it, flops and the cost model import with torch made
@@ -14,18 +14,18 @@ import textwrap
 
 import pytest
 
-from minipar import costmodel as cm
-from minipar import flops
-from minipar.formulas.collective_time import all_reduce_time
-from minipar.formulas.collectives import wire_bytes
-from minipar.formulas.context_parallel import cp_hops, cp_wire_bytes_per_step
-from minipar.formulas.data_parallel import zero_bytes_per_param
-from minipar.flops import layer_param_count, param_count
-from minipar.flops import local_param_count
-from minipar.formulas.pipeline_parallel import bubble_fraction
-from minipar.parallel.schedules import split_layers, stage_layer_counts
-from minipar.formulas.tensor_parallel import tp_wire_bytes_breakdown
-from minipar.config import ConfigError, ModelConfig, ParallelConfig
+from minipar.plan import costmodel as cm
+from minipar.plan import flops
+from minipar.plan.formulas.collective_time import all_reduce_time
+from minipar.plan.formulas.collectives import wire_bytes
+from minipar.plan.formulas.context_parallel import cp_hops, cp_wire_bytes_per_step
+from minipar.plan.formulas.data_parallel import zero_bytes_per_param
+from minipar.plan.flops import layer_param_count, param_count
+from minipar.plan.flops import local_param_count
+from minipar.plan.formulas.pipeline_parallel import bubble_fraction
+from minipar.plan.schedules import split_layers, stage_layer_counts
+from minipar.plan.formulas.tensor_parallel import tp_wire_bytes_breakdown
+from minipar.plan.config import ConfigError, ModelConfig, ParallelConfig
 
 TINY = ModelConfig.preset("tiny")       # 8 layers, dim 64, 8 heads (4 KV, head_dim 8), ffn 128, vocab 256
 L405 = ModelConfig.preset("llama3-405b")
@@ -42,14 +42,14 @@ def test_formulas_flops_and_costmodel_import_without_torch(repo_root):
             pass
         else:
             raise SystemExit("torch is still importable")
-        import minipar.formulas, minipar.flops, minipar.costmodel
+        import minipar.plan.formulas, minipar.plan.flops, minipar.costmodel
         from minipar.costmodel import cli, hardware, memory, search, table4, time, wire
-        from minipar.config import ModelConfig, ParallelConfig
-        rows = minipar.costmodel.table4()
-        e = minipar.costmodel.estimate(ModelConfig.preset("tiny"),
+        from minipar.plan.config import ModelConfig, ParallelConfig
+        rows = minipar.plan.costmodel.table4()
+        e = minipar.plan.costmodel.estimate(ModelConfig.preset("tiny"),
                                        ParallelConfig(pp=3, virtual_stages=3, schedule="interleaved"),
                                        seq_len=32, global_batch=6)
-        assert minipar.costmodel.main(["--json"]) == 0
+        assert minipar.plan.costmodel.main(["--json"]) == 0
         loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
         assert sys.modules["torch"] is None and loaded == ["torch"], loaded
         print("no torch", round(100 * rows[0][1].mfu, 1), e.microbatches)
@@ -57,7 +57,7 @@ def test_formulas_flops_and_costmodel_import_without_torch(repo_root):
     r = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    from minipar import costmodel   # the same prediction with torch importable
+    from minipar.plan import costmodel
     assert r.stdout.strip().splitlines()[-1] == f"no torch {round(100 * costmodel.table4()[0][1].mfu, 1)} 6"
 
 
@@ -82,7 +82,7 @@ def test_the_costmodel_indexerror_layout_gets_the_executors_split():
 
 
 def test_the_executor_and_the_cost_model_share_one_split():
-    from minipar.parallel import pipeline
+    from minipar.trainer.parallel import pipeline
 
     assert pipeline.split_layers is split_layers         # what the executor calls
     for n_layers in range(1, 20):
@@ -153,7 +153,7 @@ def test_one_bubble_for_the_schedules_and_the_cost_model(name):
 
 
 def test_bubble_matches_the_simulator_with_equal_passes():
-    from minipar.parallel.schedules import make_schedule, simulate
+    from minipar.plan.schedules import make_schedule, simulate
 
     for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)):
         tl = simulate(make_schedule(name, 4, 8, v), 1.0, 1.0, 1.0)
@@ -168,7 +168,7 @@ def test_wire_bytes_is_the_cost_models_ring_bytes_and_commlogs():
     assert wire_bytes("broadcast", 4, 1000) == 750 and wire_bytes("all_reduce", 1, 9) == 0
     with pytest.raises(ValueError, match="unknown collective"):
         wire_bytes("gossip", 4, 1000)
-    comm = pytest.importorskip("minipar.comm")
+    comm = pytest.importorskip("minipar.trainer.comm")
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"):
         for n in (1, 2, 3, 8):
             for size in (0, 1000, 4097):
@@ -204,7 +204,7 @@ def test_all_reduce_time_is_the_alpha_beta_model():
 def test_table4_is_unchanged_by_the_move():
     # the formulas moved, the predictions did not drift: Table 4 as `table4` computes it is
     # the evaluation's first three rows (the CSV's, read by `calibration`)
-    from minipar.costmodel.evaluate import residuals
+    from minipar.plan.costmodel.evaluate import residuals
     recorded = residuals(cm.published_runs()[:3])
     for (row, e), r in zip(cm.table4(), recorded):
         assert 100 * (e.mfu - row.mfu) == pytest.approx(r, abs=0.01)

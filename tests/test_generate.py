@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from hf_llama import make_hf_llama
-from minipar.config import ModelConfig
-from minipar.generate import Codec, generate, main, pick, stream
-from minipar.generate import KVCache, load_model
-from minipar.model import Transformer, causal_attention
+from minipar.plan.config import ModelConfig
+from minipar.runtime.generate import Codec, generate, main, pick, stream
+from minipar.runtime.generate import KVCache, load_model
+from minipar.trainer.model import Transformer, causal_attention
 
 transformers = pytest.importorskip("transformers")
 

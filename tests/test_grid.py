@@ -1,8 +1,8 @@
 """ProcessGrid: the layout of ranks, checked without processes (and its groups with them)."""
 import torch.distributed as dist
 
-from minipar import launch
-from minipar.grid import ProcessGrid
+from minipar.runtime import launch
+from minipar.trainer.grid import ProcessGrid
 
 
 def test_sixteen_ranks_match_llama3_figure():
@@ -14,7 +14,7 @@ def test_sixteen_ranks_match_llama3_figure():
     assert g.group_ranks("dp", 0) == (0, 8)
     assert g.group_ranks("dp_cp", 0) == (0, 2, 8, 10)
     assert g.coords(13) == {"tp": 1, "cp": 0, "pp": 1, "dp": 1}
-    from minipar.teach.figures import describe_grid     # the table the 4D chapter prints
+    from minipar.teach.figures import describe_grid
     text = describe_grid(g)
     assert "tp    groups of 2: [0,1] [2,3]" in text
     assert "dp    groups of 2: [0,8] [1,9]" in text

@@ -18,13 +18,14 @@ import torch.nn.functional as F
 
 from hf_llama import CORPUS, make_hf_llama
 from helpers import assert_same_losses, losses, run_layout
-from minipar import export, hf, traces
-from minipar.config import ConfigError, ModelConfig
-from minipar.data import TokenizedText, make_source
-from minipar.generate import load_hf_state_dict, load_model
-from minipar.hf import hf_name
-from minipar.model import Transformer
-from minipar.train import main
+from minipar.runtime import export, hf
+from minipar.plan import traces
+from minipar.plan.config import ConfigError, ModelConfig
+from minipar.trainer.tokens import TokenizedText, make_source
+from minipar.runtime.generate import load_hf_state_dict, load_model
+from minipar.runtime.hf import hf_name
+from minipar.trainer.model import Transformer
+from minipar.runtime.run import main
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,6 +1,14 @@
-"""The package reads in the book's order: a walk of minipar's import graph (from the source,
-no import runs) fails on an import that points at a later chapter's file, on a circle, and
-on an in-package import inside a function.
+"""The package's folders are its layers, and it reads in the book's order.
+
+The layers: `plan/` (torch-free planning) <- `trainer/` (torch: the model, the axes, the
+step) <- `runtime/` (launching, checkpoints, the loop) <- `teach/` (the book's helpers). A
+module imports its own layer or lower ones, never a higher one; the commands at the top
+(`python -m minipar.train`, `.generate`, `.export`, `.torchrun`, `.replay`, `.costmodel`) read
+any layer and nothing reads them; `plan/` imports with torch blocked.
+
+Within the layers, a walk of minipar's import graph (from the source, no import runs) fails
+on an import that points at a later chapter's file, on a circle, and on an in-package
+import inside a function.
 
 Each module names its chapter in its docstring (`Chapter "Collectives"`); the order of the
 chapters is the book's table of contents (`_toc.yml`, titles from each `book/<file>.md`).
@@ -23,9 +31,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minipar"
-GROUPS = ("minipar.costmodel",)            # one chapter for the whole subpackage
+GROUPS = ("minipar.plan.costmodel", "minipar.costmodel")   # one chapter for each subpackage
 EXEMPT = ("minipar.teach",)                # the book's helpers: read everything
-CORE_BUDGET = 3500                         # logical lines of what `python -m minipar.train` imports
+CORE_BUDGET = 3300                         # logical lines of what `python -m minipar.train` imports
 
 
 # ------------------------------------------------------------------ the book's order
@@ -112,6 +120,77 @@ def graph():
     return mods, {n: list(imports(n, p, set(mods))) for n, p in mods.items()}
 
 
+# ------------------------------------------------------------------ the layers
+LAYERS = ("plan", "trainer", "runtime", "teach")          # lowest first
+COMMANDS = ("train", "generate", "export", "torchrun", "replay", "costmodel")
+
+
+def layer_of(name: str) -> int | None:
+    """The index of `name`'s layer in LAYERS; None for the package and its commands."""
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_top_of_the_package_is_its_layers_and_its_commands():
+    """`ls minipar` is the architecture: four folders, one per layer, and the commands."""
+    names = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert names == {"__init__", *LAYERS, *COMMANDS}, sorted(names)
+    for command in COMMANDS:        # a command is a few lines: its work lives in a layer
+        path = PACKAGE / f"{command}.py"
+        files = list((PACKAGE / command).glob("*.py")) if not path.exists() else [path]
+        assert all(logical_lines(f) <= 6 for f in files), (command, [logical_lines(f) for f in files])
+
+
+def test_imports_run_down_the_layers():
+    mods, edges = graph()
+    up = []
+    for name, targets in edges.items():
+        mine = layer_of(name)
+        for t, line, _ in targets:
+            theirs = layer_of(t)
+            if t == "minipar" or t.split(".")[1] in COMMANDS and name.split(".")[:2] != t.split(".")[:2]:
+                up.append(f"{mods[name].relative_to(ROOT)}:{line} imports the command {t}")
+            elif mine is not None and theirs is not None and theirs > mine:
+                up.append(f"{mods[name].relative_to(ROOT)}:{line} ({LAYERS[mine]}) imports {t} "
+                          f"({LAYERS[theirs]})")
+    assert not up, "imports that climb a layer:\n" + "\n".join(up)
+
+
+def test_the_layer_check_can_fail(tmp_path):
+    """The check sees an import of the runtime from the trainer."""
+    mods = modules()
+    probe = tmp_path / "step.py"
+    probe.write_text(mods["minipar.trainer.step"].read_text() + "\nfrom ..runtime import hf\n")
+    found = [t for t, _, _ in imports("minipar.trainer.step", probe, set(mods))]
+    assert "minipar.runtime.hf" in found
+    assert layer_of("minipar.runtime.hf") > layer_of("minipar.trainer.step")
+
+
+BLOCK_TORCH = """
+import importlib, pkgutil, sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked: " + name)
+sys.meta_path.insert(0, NoTorch())
+import minipar.plan
+names = [m.name for m in pkgutil.walk_packages(minipar.plan.__path__, "minipar.plan.")]
+for n in names:
+    importlib.import_module(n)
+print(len(names))
+"""
+
+
+def test_the_plan_imports_without_torch():
+    """Every module of `plan/` imports in a process where `import torch` fails."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", BLOCK_TORCH], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) >= 20          # the walk saw the whole layer
+
+
 # ------------------------------------------------------------------ the tests
 def test_the_toc_titles_are_found():
     titles = chapter_titles()
@@ -182,10 +261,11 @@ def test_the_walk_sees_a_later_chapter(tmp_path):
     """The check can fail: an import of the training loop from the model is caught."""
     mods, titles = modules(), chapter_titles()
     probe = tmp_path / "model.py"
-    probe.write_text(mods["minipar.model"].read_text() + "\nfrom .train import train\n")
-    found = [t for t, _, _ in imports("minipar.model", probe, set(mods))]
-    assert "minipar.train" in found
-    assert chapter_of("minipar.train", mods, titles) > chapter_of("minipar.model", mods, titles)
+    probe.write_text(mods["minipar.trainer.model"].read_text() + "\nfrom .step import Trainer\n")
+    found = [t for t, _, _ in imports("minipar.trainer.model", probe, set(mods))]
+    assert "minipar.trainer.step" in found
+    assert (chapter_of("minipar.trainer.step", mods, titles)
+            > chapter_of("minipar.trainer.model", mods, titles))
 
 
 # ------------------------------------------------------------------ the trainer core
@@ -224,7 +304,7 @@ def trainer_core() -> list[str]:
 def test_the_trainer_core_stays_small():
     mods = modules()
     core = trainer_core()
-    assert not [n for n in core if n.startswith(("minipar.teach", "minipar.costmodel"))]
+    assert not [n for n in core if n.startswith(("minipar.teach", "minipar.plan.costmodel"))]
     total = sum(logical_lines(mods[n]) for n in core)
     assert total <= CORE_BUDGET, (f"the trainer core is {total} logical lines, over the "
                                   f"budget of {CORE_BUDGET}: " + ", ".join(
@@ -237,6 +317,6 @@ def test_the_run_configuration_seldom_climbs_back_up_the_book():
     they need, not the run's configuration."""
     import config_walk
     steps = config_walk.walk()
-    assert ("minipar.train", "train_on_rank", "minipar.train", "Trainer.__init__") in steps
+    assert ("minipar.runtime.run", "train_on_rank", "minipar.trainer.step", "Trainer.__init__") in steps
     up = config_walk.climbs(steps)
     assert len(up) <= 8, "\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in up)

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from minipar import costmodel as cm
-from minipar.config import ModelConfig, ParallelConfig
-from minipar.costmodel import cli as costmodel_cli
-from minipar.costmodel.memory import fullest_stage, memory_of_rank
-from minipar.memory import ActivationMeter
+from minipar.plan import costmodel as cm
+from minipar.plan.config import ModelConfig, ParallelConfig
+from minipar.plan.costmodel import cli as costmodel_cli
+from minipar.plan.costmodel.memory import fullest_stage, memory_of_rank
+from minipar.trainer.memory_meter import ActivationMeter
 from test_recompute import WORLDS, with_modes
 from variants import run_variants
 

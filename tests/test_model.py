@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from minipar.config import ModelConfig
-from minipar.generate import load_hf_state_dict
-from minipar.hf import hf_name, model_config, to_hf
-from minipar.model import Transformer, causal_attention
+from minipar.plan.config import ModelConfig
+from minipar.runtime.generate import load_hf_state_dict
+from minipar.runtime.hf import hf_name, model_config, to_hf
+from minipar.trainer.model import Transformer, causal_attention
 
 
 def test_stage_weights_equal_full_model_weights():

@@ -15,16 +15,16 @@ import sys
 import pytest
 import torch
 
-from minipar.config import PRESETS, ModelConfig, ParallelConfig
-from minipar.grid import ProcessGrid
-from minipar.model import Transformer, cross_entropy_sum
-from minipar import traces
-from minipar.parallel.schedules import split_layers
-from minipar.parallel.pipeline import boundary_shape, build_stage_modules
-from minipar.parallel.schedule_analysis import check_p2p_plan, peak_in_flight, pipeline_events
-from minipar.parallel.schedules import Message, inputs_of, make_schedule, outputs_of, p2p_plan
-from minipar.parallel.zero_bubble import backward_input, backward_weight
-from minipar.train import main
+from minipar.plan.config import PRESETS, ModelConfig, ParallelConfig
+from minipar.trainer.grid import ProcessGrid
+from minipar.trainer.model import Transformer, cross_entropy_sum
+from minipar.plan import traces
+from minipar.plan.schedules import split_layers
+from minipar.trainer.parallel.pipeline import boundary_shape, build_stage_modules
+from minipar.plan.schedule_analysis import check_p2p_plan, peak_in_flight, pipeline_events
+from minipar.plan.schedules import Message, inputs_of, make_schedule, outputs_of, p2p_plan
+from minipar.trainer.parallel.zero_bubble import backward_input, backward_weight
+from minipar.runtime.run import main
 
 from helpers import STEPS, assert_same_losses, reference, run_layout, shard_dim
 
@@ -166,7 +166,7 @@ def test_split_backward_equals_one_backward(first, last):
 
 
 def test_the_activation_meter_counts_activations_not_weights():
-    from minipar.memory import ActivationMeter
+    from minipar.trainer.memory_meter import ActivationMeter
     lin = torch.nn.Linear(8, 16, bias=False)
     x = torch.randn(4, 8, requires_grad=True)
     with ActivationMeter() as saved:
@@ -309,7 +309,7 @@ def test_zero_bubble_with_tensor_parallel_and_sp(tmp_path_factory):
 
 @pytest.mark.slow
 def test_interleaved_with_context_parallel(tmp_path_factory):
-    pytest.importorskip("minipar.parallel.context")
+    pytest.importorskip("minipar.trainer.parallel.context")
     out = _run(tmp_path_factory, 2, "interleaved", 2, 2, cp=2)
     assert_same_losses(out, reference(steps=STEPS))
 

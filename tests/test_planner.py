@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from minipar import costmodel as cm
-from minipar.config import ConfigError, ModelConfig
-from minipar.costmodel.planner import binding_constraint, layouts, limiting_term, plan
+from minipar.plan import costmodel as cm
+from minipar.plan.config import ConfigError, ModelConfig
+from minipar.plan.costmodel.planner import binding_constraint, layouts, limiting_term, plan
 
 L405 = ModelConfig.preset("llama3-405b")
 
@@ -60,7 +60,7 @@ def test_the_planner_finds_table4_first_on_both_scales():
 def test_plans_leave_the_headroom_free():
     """Every planned layout fits in the HBM less the headroom; without the headroom the
     best layouts fill the HBM to its edge, which is what the margin is for."""
-    from minipar.costmodel.planner import MEMORY_HEADROOM, memory_budget_gb
+    from minipar.plan.costmodel.planner import MEMORY_HEADROOM, memory_budget_gb
     c = cm.LLAMA3_CLUSTER
     budget = memory_budget_gb(c)
     assert budget == pytest.approx((1 - MEMORY_HEADROOM) * c.hbm_gb) and 0 < MEMORY_HEADROOM < 0.5
@@ -89,7 +89,7 @@ def test_plan_cli(capsys):
 
 
 def test_rules_cross_their_thresholds_the_way_the_chapter_says():
-    from minipar.costmodel import rules
+    from minipar.plan.costmodel import rules
     c = cm.LLAMA3_CLUSTER
     narrow, wide = rules.llama_of_width(4096), rules.llama_of_width(16384)
     # TP: cheaper on wider models, dearer with t, far dearer out of the server, hidden by overlap

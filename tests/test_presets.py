@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from minipar.flops import param_count
-from minipar.config import ModelConfig
+from minipar.plan.flops import param_count
+from minipar.plan.config import ModelConfig
 
 # The fields of meta-llama/Llama-3.2-1B's config.json that describe the shape.
 LLAMA32_1B_CONFIG_JSON = {
@@ -22,7 +22,7 @@ LLAMA32_1B_CONFIG_JSON = {
 
 
 def test_llama32_1b_preset_is_its_config_json():
-    from minipar import hf           # imports torch: here, not at the top of a torch-free file
+    from minipar.runtime import hf
     want = dataclasses.replace(hf.model_config(LLAMA32_1B_CONFIG_JSON), name="llama3.2-1b")
     assert ModelConfig.preset("llama3.2-1b") == want
     assert want.llama3_rope == (32.0, 1.0, 4.0, 8192)     # the long-context RoPE, not plain
@@ -45,7 +45,7 @@ def test_llama32_1b_has_1_24_billion_parameters():
 
 
 def test_the_count_needs_no_torch(repo_root):
-    code = ("import sys; from minipar import flops; from minipar.config import ModelConfig; "
+    code = ("import sys; from minipar import flops; from minipar.plan.config import ModelConfig; "
             "n = flops.param_count(ModelConfig.preset('llama3.2-1b')); "
             "assert 'torch' not in sys.modules; print(n)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root)

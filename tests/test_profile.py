@@ -14,11 +14,12 @@ from collections import Counter
 
 import pytest
 
-from minipar import profile, traces
-from minipar.config import ParallelConfig, TrainConfig
-from minipar.parallel.schedule_analysis import pipeline_events, timeline_from_events
-from minipar.parallel.schedules import make_schedule
-from minipar.train import train
+from minipar.trainer import profile
+from minipar.plan import traces
+from minipar.plan.config import ParallelConfig, TrainConfig
+from minipar.plan.schedule_analysis import pipeline_events, timeline_from_events
+from minipar.plan.schedules import make_schedule
+from minipar.runtime.run import train
 
 
 # ------------------------------------------------------------------ pure: intervals

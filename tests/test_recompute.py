@@ -3,10 +3,10 @@ and every gradient equal recompute none's (<= 1e-5), on every axis and pipeline 
 import pytest
 import torch
 
-from minipar.config import ModelConfig
-from minipar.memory import ActivationMeter
-from minipar.model import Transformer, cross_entropy_sum
-from minipar.recompute import apply_recompute
+from minipar.plan.config import ModelConfig
+from minipar.trainer.memory_meter import ActivationMeter
+from minipar.trainer.model import Transformer, cross_entropy_sum
+from minipar.trainer.recompute import apply_recompute
 from variants import run_variants
 
 MODES = ("none", "selective", "full")
@@ -69,7 +69,7 @@ def test_recompute_keeps_less_on_one_device():
 
 
 def test_unknown_recompute_mode_exits_2(capsys):
-    from minipar.train import main
+    from minipar.runtime.run import main
     with pytest.raises(SystemExit) as e:
         main(["--recompute", "sometimes"])
     assert e.value.code == 2

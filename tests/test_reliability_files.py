@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from minipar import checkpoint, export, launch
-from minipar.train import main
+from minipar.runtime import checkpoint, export, launch
+from minipar.runtime.run import main
 
 SHORT = ["--steps", "1", "--no-progress"]
 ONE_LINE_RULE = "may not name each other"

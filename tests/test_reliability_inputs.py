@@ -19,13 +19,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from minipar import costmodel as cm
-from minipar import generate as gen
-from minipar import hf
-from minipar.config import ConfigError, ModelConfig, TrainConfig
-from minipar.costmodel.cli import build_parser, build_plan_parser, number_problem
-from minipar.model import Transformer
-from minipar.train import main as train_main
+from minipar.plan import costmodel as cm
+from minipar.runtime import generate as gen
+from minipar.runtime import hf
+from minipar.plan.config import ConfigError, ModelConfig, TrainConfig
+from minipar.plan.costmodel.cli import build_parser, build_plan_parser, number_problem
+from minipar.trainer.model import Transformer
+from minipar.runtime.run import main as train_main
 
 VOCAB, POSITIONS = 320, 64       # the test model's vocabulary and max_seq_len
 

@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from minipar import checkpoint, launch, torchrun
-from minipar.train import main
+from minipar.runtime import checkpoint, launch, torchrun
+from minipar.runtime.run import main
 
 
 def processes() -> dict[int, tuple[str, int, str]]:

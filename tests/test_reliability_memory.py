@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from minipar import preflight
-from minipar.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
-from minipar.data import TextTokens, make_source
-from minipar.flops import param_count
+from minipar.runtime import preflight
+from minipar.plan.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from minipar.trainer.tokens import TextTokens, make_source
+from minipar.plan.flops import param_count
 
 GiB = 2**30
 V1_NO_LIMIT = 9223372036854771712          # what cgroup v1 writes for "no limit"

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from minipar import traces
-from minipar.config import ParallelConfig, TrainConfig
-from minipar.formulas.pipeline_parallel import bubble_fraction
-from minipar.replay import analytic, programs, replay, target_of
-from minipar.train import train
+from minipar.plan import traces
+from minipar.plan.config import ParallelConfig, TrainConfig
+from minipar.plan.formulas.pipeline_parallel import bubble_fraction
+from minipar.plan.replay import analytic, programs, replay, target_of
+from minipar.runtime.run import train
 
 
 def _record(tmp_path_factory, name, steps=1, **layout):

@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 
-from minipar import profile
-from minipar.parallel.schedules import split_layers
-from minipar.parallel.schedule_analysis import peak_in_flight, timeline_from_events
-from minipar.parallel.schedules import (Action, ScheduleError, Timeline, make_schedule,
-                                        rank_and_chunk, simulate, stage_of)
+from minipar.trainer import profile
+from minipar.plan.schedules import split_layers
+from minipar.plan.schedule_analysis import peak_in_flight, timeline_from_events
+from minipar.plan.schedules import (Action, ScheduleError, Timeline, make_schedule,
+                                    rank_and_chunk, simulate, stage_of)
 
 
 def grid():
@@ -262,7 +262,7 @@ def test_bad_shapes_are_refused_naming_the_flag(call, message):
 
 def test_groups_smaller_than_the_pipeline_would_deadlock():
     # Why make_schedule refuses N < p with several groups: the 1F1B order then cannot run.
-    from minipar.parallel.schedules import _interleaved
+    from minipar.plan.schedules import _interleaved
     with pytest.raises(ScheduleError, match="deadlock"):
         simulate(_interleaved(4, 4, 2, 2))
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from minipar import checkpoint
+from minipar.runtime import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +131,7 @@ def test_ctrl_c_checkpoints_a_save_run_stops_every_rank_and_exits_130(tmp_path, 
 
 
 def test_the_stop_line_says_whether_a_checkpoint_was_written(capsys):
-    from minipar import run
+    from minipar.runtime import run
     for signum, where, said in [(signal.SIGINT, None, "no checkpoint (with --save, SIGTERM or "
                                  "Ctrl-C writes one)"), (signal.SIGTERM, "d/step_000007",
                                                         "checkpoint saved to d/step_000007")]:
@@ -165,7 +165,7 @@ def test_a_stopped_rank_is_named_at_once_and_again_when_its_peers_give_up(tmp_pa
 def sleep_on_rank_1_at(step_to_hang: int, seconds: float):
     """A Trainer.probe that leaves rank 1 in Python, outside any collective, at one step
     (the forked ranks inherit the patch)."""
-    from minipar import train as train_module
+    from minipar.trainer import step as train_module
     probe = train_module.Trainer.probe
 
     def stuck(self, step):
@@ -177,7 +177,7 @@ def sleep_on_rank_1_at(step_to_hang: int, seconds: float):
 
 def test_a_rank_stuck_outside_the_collective_is_named_not_the_ranks_that_timed_out(
         monkeypatch, capsys):
-    from minipar import train as train_module
+    from minipar.trainer import step as train_module
     monkeypatch.setattr(train_module.Trainer, "probe", sleep_on_rank_1_at(1, 600))
     code = train_module.main(["--dp", "3", "--global-batch", "6", "--steps", "3",
                               "--no-progress", "--timeout-s", "3"])
@@ -251,7 +251,7 @@ def test_the_torchrun_wrapper_turns_the_agents_signal_into_one_line(signum, monk
     (rank 0's, when it left one), 128 + the signal; a worker that failed is named."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-    from minipar import run, torchrun
+    from minipar.runtime import run, torchrun
 
     def agent(argv, rank0_line=None):
         assert argv == ["--standalone", "-m", "minipar.train"]

@@ -1,7 +1,7 @@
 """The package imports and the smallest 4D layout of the tiny model is a valid one."""
 import pytest
 
-from minipar.config import ConfigError, ModelConfig, ParallelConfig
+from minipar.plan.config import ConfigError, ModelConfig, ParallelConfig
 
 
 def test_tiny_model_accepts_a_2x2x2x2_layout():

@@ -9,16 +9,20 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minipar import comm, launch
-from minipar.config import ModelConfig, ParallelConfig
-from minipar.grid import ProcessGrid
-from minipar.model import RMSNorm, Transformer
-from minipar.parallel import collective_matmul
-from minipar.parallel.tensor import (OVERLAP_STYLES, STYLES, VocabParallelEmbedding,
-                                     apply_tensor_parallel, replicated, style_of,
-                                     sum_partial_grads, vocab_parallel_cross_entropy_sum)
-from minipar.formulas.tensor_parallel import collective_matmul_bytes, tp_wire_bytes_breakdown, tp_wire_bytes_per_step
-from minipar.train import main
+from minipar.trainer import comm
+from minipar.runtime import launch
+from minipar.plan.config import ModelConfig, ParallelConfig
+from minipar.trainer.grid import ProcessGrid
+from minipar.trainer.model import RMSNorm, Transformer
+from minipar.trainer.parallel import collective_matmul
+from minipar.trainer.parallel.tensor import (OVERLAP_STYLES, STYLES, VocabParallelEmbedding,
+                                             apply_tensor_parallel, replicated, style_of,
+                                             sum_partial_grads,
+                                             vocab_parallel_cross_entropy_sum)
+from minipar.plan.formulas.tensor_parallel import (collective_matmul_bytes,
+                                                   tp_wire_bytes_breakdown,
+                                                   tp_wire_bytes_per_step)
+from minipar.runtime.run import main
 
 from helpers import (assert_close_grads, assert_same_losses, reference, run_layout, shard_dim,
                      wire_bytes_of)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import losses, max_rel_diff, run_layout
-from minipar.grid import ProcessGrid
+from minipar.trainer.grid import ProcessGrid
 
 
 def clean_env(repo_root) -> dict:
@@ -212,7 +212,7 @@ def test_heartbeats_name_a_silent_rank_at_once_and_a_rank_that_never_joined(monk
     timeout it ends the job. A rank that beats but never joined the collective its peer
     timed out in is named as that; a rank that is done (stop()) is not taken for hung."""
     import torch.distributed as dist
-    from minipar.heartbeat import StoreHeartbeat
+    from minipar.runtime.heartbeat import StoreHeartbeat
     master = dist.TCPStore("127.0.0.1", free_port, is_master=True, wait_for_workers=False)  # noqa: F841
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port))

@@ -1,17 +1,18 @@
 """Bytes on the wire, measured: each rank's write counter around each collective minipar runs
 on each axis of a 2x2x2x2 grid (16 gloo ranks) agrees with gloo's rule to within its headers;
 the ring formula agrees too, except for reduce-scatter, which gloo runs as an all-reduce. A
-training step of several axes at once, measured by axis (`wire.by_axis`), agrees too."""
+training step of several axes at once, measured by axis (`wire_meter.by_axis`), agrees too."""
 import itertools
 import os
 
 import pytest
 
-from minipar import wire
-from minipar.config import ParallelConfig, TrainConfig
-from minipar.formulas.collectives import wire_bytes
+from minipar.runtime import wire_meter
+from minipar.plan.config import ParallelConfig, TrainConfig
+from minipar.plan.formulas.collectives import wire_bytes
 from minipar.teach.exercises.collectives import wire_per_rank, wire_table
-from minipar.train import Trainer, train
+from minipar.trainer.step import Trainer
+from minipar.runtime.run import train
 
 SIZE = 2**20
 
@@ -28,14 +29,14 @@ def off_rule(per_rank, rule) -> list[str]:
     for rank, rows in enumerate(per_rank):
         for r in rows:
             want = rule(r["op"], r["n"], r["payload"])
-            if not 0 <= r["measured"] - want <= wire.HEADER_BYTES:
+            if not 0 <= r["measured"] - want <= wire_meter.HEADER_BYTES:
                 bad.append(f"rank {rank} {r['axis']} {r['op']}: {r['measured']:,} vs {want:,}")
     return bad
 
 
 def test_the_counter_counts_exactly_what_a_process_writes():
     with open(os.devnull, "wb", buffering=0) as f:
-        assert wire.measure(lambda: f.write(b"x" * 12345)) == 12345
+        assert wire_meter.measure(lambda: f.write(b"x" * 12345)) == 12345
 
 
 @pytest.mark.slow
@@ -43,12 +44,12 @@ def test_every_axis_and_op_of_the_grid_is_measured(per_rank):
     assert len(per_rank) == 16
     seen = {(r["axis"], r["op"], r["n"]) for rows in per_rank for r in rows}
     assert seen == {(a, op, 4 if a == "dp_cp" else 2)
-                    for a, ops in wire.AXIS_OPS.items() for op in ops}
+                    for a, ops in wire_meter.AXIS_OPS.items() for op in ops}
 
 
 @pytest.mark.slow
 def test_measured_bytes_are_gloos_rule_plus_headers(per_rank):
-    assert not off_rule(per_rank, wire.gloo_bytes)
+    assert not off_rule(per_rank, wire_meter.gloo_bytes)
 
 
 @pytest.mark.slow
@@ -66,9 +67,9 @@ def test_the_ring_formula_is_the_wire_except_for_gloos_reduce_scatter(per_rank):
 
 @pytest.mark.slow
 def test_a_wrong_rule_fails(per_rank):
-    ring_reduce_scatter = {**wire.GLOO_WIRE, "reduce_scatter": ("ring", lambda n, s: (n - 1) * s // n)}
+    ring_reduce_scatter = {**wire_meter.GLOO_WIRE, "reduce_scatter": ("ring", lambda n, s: (n - 1) * s // n)}
     assert off_rule(per_rank, lambda op, n, s: ring_reduce_scatter[op][1](n, s))
-    assert off_rule(per_rank, lambda op, n, s: wire.gloo_bytes(op, n, s) + wire.HEADER_BYTES + 1)
+    assert off_rule(per_rank, lambda op, n, s: wire_meter.gloo_bytes(op, n, s) + wire_meter.HEADER_BYTES + 1)
 
 
 # ---------------------------------------------------------------- one step, every axis at once
@@ -79,7 +80,7 @@ AXES_RUN = dict(parallel=ParallelConfig(tp=2, cp=2, dp=2, zero=1), seq_len=32, g
 
 @pytest.fixture(scope="module")
 def step_record():
-    with wire.steps_by_axis(Trainer):
+    with wire_meter.steps_by_axis(Trainer):
         return train(TrainConfig(steps=1, progress=False, **AXES_RUN))["records"][-1]
 
 
@@ -87,7 +88,7 @@ def off_by_axis(tally: dict, rule) -> list[str]:
     """(axis, op) whose measured bytes are not `rule(axis, op, stats)`'s within headers."""
     return [f"{a} {op}: {st['measured']:,} vs {rule(a, op, st):,}" for a, ops in tally.items()
             for op, st in ops.items()
-            if not 0 <= st["measured"] - rule(a, op, st) <= st["calls"] * wire.HEADER_BYTES]
+            if not 0 <= st["measured"] - rule(a, op, st) <= st["calls"] * wire_meter.HEADER_BYTES]
 
 
 def test_a_multi_axis_step_splits_by_axis_into_gloos_rule(step_record):
@@ -110,4 +111,4 @@ def test_the_split_can_fail(step_record):
     total = {a: {k: sum(st[k] for st in tally[a].values()) for k in ("measured", "gloo")}
              for a in ("tp", "cp", "dp")}
     for a, b in itertools.permutations(total, 2):
-        assert abs(total[a]["measured"] - total[b]["gloo"]) > 10 * wire.HEADER_BYTES, (a, b)
+        assert abs(total[a]["measured"] - total[b]["gloo"]) > 10 * wire_meter.HEADER_BYTES, (a, b)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import json
 
-from minipar import launch, testing
-from minipar.config import ParallelConfig, TrainConfig
-from minipar.train import Trainer
+from minipar.runtime import launch, testing
+from minipar.plan.config import ParallelConfig, TrainConfig
+from minipar.trainer.step import Trainer
 
 
 def _step_each(world: dict, variants: list[dict], train_kw: dict) -> list[dict]:

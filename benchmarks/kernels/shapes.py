@@ -2,8 +2,8 @@
 Playbook heatmap's cells), for measure.py to time on a GPU. Run from the repository root."""
 import json
 import sys
-from minipar.costmodel.calibration import published_runs, heatmap_cells
-from minipar.costmodel import kernels
+from minipar.plan.costmodel.calibration import published_runs, heatmap_cells
+from minipar.plan.costmodel import kernels
 runs = published_runs() + [r for r, _ in heatmap_cells()]
 layers, gemms = {}, set()
 for r in runs:

@@ -1,7 +1,8 @@
-"""`python -m minipar.costmodel ...`: the cost model's command line (see `cli`), chapter
-"MFU and communication volume"."""
+"""`python -m minipar.costmodel`: the cost model's command line 
+(Chapter "MFU and communication"), `minipar/plan/costmodel/cli.py`."""
 import sys
 
-from .cli import main
+from ..plan.costmodel.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,10 +17,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import traces
-from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..replay import Replay, analytic, replay
-from ..train import train
+from ..plan import traces
+from ..plan.config import ModelConfig, ParallelConfig, TrainConfig
+from ..plan.replay import Replay, analytic, replay
+from ..runtime.run import train
 
 # Llama 3's pipeline as Table 4's first row runs it: PP16, interleaved with v = 8 (one layer
 # per chunk), its 32 micro-batches (16M tokens / DP64 / 8,192), TP with sequence parallelism,

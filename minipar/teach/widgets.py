@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
-from ..config import PRESETS, ConfigError, ModelConfig, ParallelConfig
-from ..costmodel import LLAMA3_CLUSTER, PRECISIONS, estimate
-from ..costmodel.memory import memory_of_rank
-from ..costmodel.workload import layout_problems, make_workload
+from ..plan.config import PRESETS, ConfigError, ModelConfig, ParallelConfig
+from ..plan.costmodel import LLAMA3_CLUSTER, PRECISIONS, estimate
+from ..plan.costmodel.memory import memory_of_rank
+from ..plan.costmodel.workload import layout_problems, make_workload
 from .style import AXES, COLORS, INVALID, PAGE_WIDTH, stacked_bars
 
 

@@ -5,16 +5,16 @@ its tolerance, real gloo ranks against the single-device reference), `units` how
 with its unit is read; each other module holds one chapter's checks, in the book's order.
 `from minipar.teach.exercises import check_x` finds any of them.
 """
-from .core import KINDS, REGISTRY, Verdict, exercises_of  # noqa: F401
-from .llama3 import *             # noqa: F401,F403
-from .collectives import *        # noqa: F401,F403
-from .data_parallel import *      # noqa: F401,F403
-from .tensor_parallel import *    # noqa: F401,F403
-from .pipeline_parallel import *  # noqa: F401,F403
-from .context_parallel import *   # noqa: F401,F403
-from .memory import *             # noqa: F401,F403
-from .fourd import *              # noqa: F401,F403
-from .mfu import *                # noqa: F401,F403
-from .failures import *           # noqa: F401,F403
-from .cluster import *            # noqa: F401,F403
-from .hf import *                 # noqa: F401,F403
+from .core import KINDS, REGISTRY, Verdict, exercises_of
+from .llama3 import *
+from .collectives import *
+from .data_parallel import *
+from .tensor_parallel import *
+from .pipeline_parallel import *
+from .context_parallel import *
+from .memory import *
+from .fourd import *
+from .mfu import *
+from .failures import *
+from .cluster import *
+from .hf import *

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import functools
 
-from ... import traces
-from ...config import ParallelConfig
-from ...costmodel.hardware import LLAMA3_CLUSTER, Cluster
-from ...grid import AXES, ProcessGrid
-from ...config import TrainConfig
-from ...train import Trainer, train
-from ...wire import steps_by_axis
+from ...plan import traces
+from ...plan.config import ParallelConfig
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER, Cluster
+from ...trainer.grid import AXES, ProcessGrid
+from ...plan.config import TrainConfig
+from ...trainer.step import Trainer
+from ...runtime.run import train
+from ...runtime.wire_meter import steps_by_axis
 from .collectives import WIRE_WHY
-from ... import placement as place
-from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, right,
-                   wrong)
+from ...runtime import topology as place
+from .core import NOT_ANSWERED, Verdict, exercise, function_given, predicted, right, wrong
 
 
 @exercise("cluster", "number")

@@ -6,11 +6,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from ...comm import all_gather, all_reduce, exchange, reduce_scatter
-from ...formulas.collectives import wire_bytes
-from ...grid import ProcessGrid
-from ...launch import run_local
-from ...wire import GLOO_WIRE, HEADER_BYTES, WIRE_GRID, measure, measure_axes
+from ...trainer.comm import all_gather, all_reduce, exchange, reduce_scatter
+from ...plan.formulas.collectives import wire_bytes
+from ...trainer.grid import ProcessGrid
+from ...runtime.launch import run_local
+from ...runtime.wire_meter import GLOO_WIRE, HEADER_BYTES, WIRE_GRID, measure, measure_axes
 from .core import (Tolerance, Verdict, compare_calls, exercise, first_difference, on_ranks,
                    predicted)
 
@@ -217,7 +217,7 @@ PREDICT_N, PREDICT_NUMEL = 4, 2**16          # float32: S = 256 KiB
 def _wire_step(_):
     """What the prediction exercise runs: a reduce-scatter of S bytes, an all-gather back to
     S bytes, an all-reduce of S bytes and a send of S bytes to the next rank, through
-    minipar.comm on gloo; returns the bytes this rank wrote to its sockets meanwhile."""
+    minipar.trainer.comm on gloo; returns the bytes this rank wrote to its sockets meanwhile."""
     grid = ProcessGrid(dp=dist.get_world_size(), rank=dist.get_rank()).init_groups()
     axis, x = grid.dp, torch.ones(PREDICT_NUMEL)
 

@@ -15,18 +15,19 @@ import math
 import torch
 import torch.distributed as dist
 
-from ...config import ModelConfig, ParallelConfig
-from ...formulas.context_parallel import cp_wire_bytes_per_step
-from ...comm import Axis
-from ...grid import ProcessGrid
-from ...model import causal_attention
-from ...parallel.context import (block_forward, local_positions, ring_attention,
-                                 shard_for_context_parallel)
-from ...parallel.context_analysis import attention_work, contiguous_chunks
-from ...parallel.regions import gather_from_group
-from ...config import TrainConfig
-from ...train import Trainer, train
-from ...wire import steps_by_axis
+from ...plan.config import ModelConfig, ParallelConfig
+from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
+from ...trainer.comm import Axis
+from ...trainer.grid import ProcessGrid
+from ...trainer.model import causal_attention
+from ...trainer.parallel.context import (block_forward, local_positions, ring_attention,
+                                         shard_for_context_parallel)
+from ...trainer.parallel.context_analysis import attention_work, contiguous_chunks
+from ...trainer.parallel.regions import gather_from_group
+from ...plan.config import TrainConfig
+from ...trainer.step import Trainer
+from ...runtime.run import train
+from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .. import replays
 from .core import (FLOAT32, Tolerance, Verdict, at, exercise, first_difference, function_given,

@@ -30,7 +30,7 @@ import torch
 
 from .. import replays
 
-from ...launch import RankFailed, run_local
+from ...runtime.launch import RankFailed, run_local
 from .units import read, shown, wanted
 
 NOT_ANSWERED = "Not answered yet: replace None with your answer and run the cell again."

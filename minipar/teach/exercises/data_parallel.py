@@ -4,19 +4,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...config import ParallelConfig
-from ...formulas.data_parallel import dp_bytes
-from ...parallel.data import FIRST_BUCKET_MB, make_buckets
-from ...config import TrainConfig
-from ...config import ModelConfig
-from ...formulas.collectives import wire_bytes
-from ...flops import param_count
-from ...train import Trainer, train
-from ...wire import steps_by_axis
+from ...plan.config import ParallelConfig
+from ...plan.formulas.data_parallel import dp_bytes
+from ...trainer.parallel.data import FIRST_BUCKET_MB, make_buckets
+from ...plan.config import TrainConfig
+from ...plan.config import ModelConfig
+from ...plan.formulas.collectives import wire_bytes
+from ...plan.flops import param_count
+from ...trainer.step import Trainer
+from ...runtime.run import train
+from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .. import replays
-from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference, function_given,
-                   on_ranks, predicted, replayed_exposure, right, wrong)
+from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
+                   function_given, on_ranks, predicted, replayed_exposure, right, wrong)
 
 
 # ---------------------------------------------------------------- implement: ZeRO's bytes

@@ -6,10 +6,10 @@ import math
 import posixpath
 import tempfile
 
-from ...formulas.failures import expected_waste
-from ...config import ParallelConfig
-from ...config import TrainConfig
-from ...train import train
+from ...plan.formulas.failures import expected_waste
+from ...plan.config import ParallelConfig
+from ...plan.config import TrainConfig
+from ...runtime.run import train
 from ..numbers.failures import crash_table
 from .core import Verdict, compare_calls, exercise, function_given, predicted, right, wrong
 
@@ -52,7 +52,7 @@ def check_expected_waste(fn) -> Verdict:
         lambda args, got, want: f"fn{args} = {got:.5f}, expected another value (off by "
                                 f"{got - want:+.5f}); count the writes, the restart and the "
                                 f"lost work.",
-        "your waste model matches minipar.formulas.failures.expected_waste.")
+        "your waste model matches minipar.plan.formulas.failures.expected_waste.")
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """The exercises of the hf chapter, checked (see core.py for how): the slice a TP rank reads
-from a safetensors file (on real gloo ranks, against `minipar.hf.read_piece`), the q/k
+from a safetensors file (on real gloo ranks, against `minipar.runtime.hf.read_piece`), the q/k
 permutation between Meta's and Hugging Face's RoPE layouts, the loss of a model just
 loaded, and the bytes the KV cache of a real generation holds."""
 from __future__ import annotations
@@ -14,14 +14,14 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ... import generate as generation, hf
-from ...config import ModelConfig, ParallelConfig
-from ...model import Transformer, apply_rope, rope_cos_sin
-from ...config import TrainConfig
-from ...train import train
+from ...runtime import generate as generation, hf
+from ...plan.config import ModelConfig, ParallelConfig
+from ...trainer.model import Transformer, apply_rope, rope_cos_sin
+from ...plan.config import TrainConfig
+from ...runtime.run import train
 from ..numbers.hf import kv_bytes_per_token
-from .core import (BITWISE, Tolerance, Verdict, exercise, first_difference,
-                   function_given, on_ranks, predicted, right, wrong)
+from .core import (BITWISE, Tolerance, Verdict, exercise, first_difference, function_given,
+                   on_ranks, predicted, right, wrong)
 
 ANGLES = Tolerance(1e-4, 1e-5, "minipar's rotation angles are float32 (pos x freq), the "
                    "rest float64")
@@ -56,7 +56,7 @@ def check_tp_slice(read_tp, world: int = 2) -> Verdict:
     """read_tp(sl, tp_dim, tp_rank, tp_size) -> tensor: the part of a stored tensor that TP
     rank `tp_rank` of `tp_size` holds (`sl` = safe_open(...).get_slice(name), indexed like a
     tensor: sl[a:b], sl[:, a:b]; tp_dim None: the whole tensor). Run on `world` gloo ranks
-    against minipar.hf.read_piece."""
+    against minipar.runtime.hf.read_piece."""
     problem = function_given(read_tp)
     if problem is not None:
         return problem
@@ -166,7 +166,7 @@ KV_MODEL = ModelConfig(n_layers=3, dim=96, n_heads=6, n_kv_heads=2, ffn_dim=192,
 
 @functools.cache
 def measured_kv_cache(prompt_len: int, new_tokens: int) -> tuple[int, int]:
-    """Run `minipar.generate.generate` on KV_MODEL for a prompt of `prompt_len` tokens and
+    """Run `minipar.runtime.generate.generate` on KV_MODEL for a prompt of `prompt_len` tokens and
     `new_tokens` new ones; return the bytes of every layer's cached K and V when it is done,
     and how many positions the cache holds."""
     caches = []
@@ -192,7 +192,7 @@ def measured_kv_cache(prompt_len: int, new_tokens: int) -> tuple[int, int]:
 @exercise("hf", "predict")
 def check_kv_cache_bytes(prediction, prompt_len: int = 12, new_tokens: int = 5,
                          reveal: bool = False) -> Verdict:
-    """Predict the bytes of the KV cache once `minipar.generate.generate` has written
+    """Predict the bytes of the KV cache once `minipar.runtime.generate.generate` has written
     `new_tokens` tokens after a prompt of `prompt_len`, for KV_MODEL in float32 and a batch of
     one sequence; the check runs that generation and adds up the cache's tensors."""
     what = "the KV cache's bytes"

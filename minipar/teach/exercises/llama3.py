@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from ...config import ModelConfig, ParallelConfig, TrainConfig
-from ...costmodel.constants import BF16_MIXED
-from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...costmodel.table4 import TABLE4
-from ...flops import local_param_count
-from ...flops import param_count
-from ...grid import ProcessGrid
-from ...model import Transformer
-from ...placement import straddling_replicas
-from ...train import train
-from .core import Verdict, compare_calls, exercise, function_given, number, predicted, right, wrong
+from ...plan.config import ModelConfig, ParallelConfig, TrainConfig
+from ...plan.costmodel.constants import BF16_MIXED
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER
+from ...plan.costmodel.table4 import TABLE4
+from ...plan.flops import local_param_count
+from ...plan.flops import param_count
+from ...trainer.grid import ProcessGrid
+from ...trainer.model import Transformer
+from ...runtime.topology import straddling_replicas
+from ...runtime.run import train
+from .core import (Verdict, compare_calls, exercise, function_given, number, predicted, right,
+                   wrong)
 
 # Shapes that catch the usual slips: GQA (K and V narrower than Q), tied embeddings (one
 # table, counted once), a square FFN, Llama 3 405B itself.

@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ...config import ModelConfig, ParallelConfig, TrainConfig
-from ...costmodel import FP32, Workload, comm_bytes_per_gpu
-from ...flops import mfu
-from ...flops import param_count
-from ...model import Transformer, cross_entropy_sum
-from ...train import Trainer, train
-from ...wire import steps_by_axis
+from ...plan.config import ModelConfig, ParallelConfig, TrainConfig
+from ...plan.costmodel import FP32, Workload, comm_bytes_per_gpu
+from ...plan.flops import mfu
+from ...plan.flops import param_count
+from ...trainer.model import Transformer, cross_entropy_sum
+from ...trainer.step import Trainer
+from ...runtime.run import train
+from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .core import Verdict, compare_calls, exercise, predicted
 

@@ -13,14 +13,14 @@ import contextlib
 import functools
 import tempfile
 
-from ...config import ParallelConfig
-from ...parallel import pipeline
-from ... import traces
-from ...parallel.schedule_analysis import (check_p2p_plan, peak_in_flight, pipeline_events,
-                                           timeline_from_events)
-from ...parallel.schedules import Action, ScheduleError, make_schedule, p2p_plan, simulate
-from ...config import TrainConfig
-from ...train import train
+from ...plan.config import ParallelConfig
+from ...trainer.parallel import pipeline
+from ...plan import traces
+from ...plan.schedule_analysis import (check_p2p_plan, peak_in_flight, pipeline_events,
+                                       timeline_from_events)
+from ...plan.schedules import Action, ScheduleError, make_schedule, p2p_plan, simulate
+from ...plan.config import TrainConfig
+from ...runtime.run import train
 from .. import replays
 from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given, hidden,
                    near, number, predicted, reveals, right, wrong)

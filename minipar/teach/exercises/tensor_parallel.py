@@ -13,17 +13,18 @@ import functools
 import torch
 import torch.distributed as dist
 
-from ...config import ParallelConfig
-from ...grid import ProcessGrid
-from ...parallel.regions import reduce_from_group
-from ...config import ModelConfig, TrainConfig
-from ...formulas.tensor_parallel import tp_layer_bytes, tp_wire_bytes_per_step
-from ...train import Trainer, train
-from ...wire import steps_by_axis
+from ...plan.config import ParallelConfig
+from ...trainer.grid import ProcessGrid
+from ...trainer.parallel.regions import reduce_from_group
+from ...plan.config import ModelConfig, TrainConfig
+from ...plan.formulas.tensor_parallel import tp_layer_bytes, tp_wire_bytes_per_step
+from ...trainer.step import Trainer
+from ...runtime.run import train
+from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .. import replays
-from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference, function_given,
-                   on_ranks, predicted, replayed_exposure)
+from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
+                   function_given, on_ranks, predicted, replayed_exposure)
 
 STEPS, LR = 2, 0.1       # two SGD steps: the second starts from the first's update
 

@@ -1,14 +1,14 @@
 """The cluster chapter's explorer: a [TP, CP, PP, DP] layout -> where its ranks land on
-servers and pods, and which link each axis' rings cross (`minipar.placement`)."""
+servers and pods, and which link each axis' rings cross (`minipar.runtime.topology`)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...costmodel.hardware import Cluster
-from ...grid import AXES, ProcessGrid
+from ...plan.costmodel.hardware import Cluster
+from ...trainer.grid import AXES, ProcessGrid
 from ..figures.cluster import plot_grid_on_cluster
 from ..style import PAGE_WIDTH
-from ... import placement as place
+from ...runtime import topology as place
 from ..widgets import choice, explorer
 
 DEFAULTS = dict(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32)

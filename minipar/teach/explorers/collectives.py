@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...formulas.collective_time import ALL_REDUCE_ALGORITHMS, all_reduce_cost
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER
+from ...plan.formulas.collective_time import ALL_REDUCE_ALGORITHMS, all_reduce_cost
 from ..figures.collectives import plot_algorithms
 from ..style import PAGE_WIDTH
 from ..widgets import choice, explorer, log_slider, powers

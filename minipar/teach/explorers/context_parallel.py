@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import ModelConfig
-from ...formulas.context_parallel import cp_wire_bytes_per_step
-from ...parallel.context_analysis import attention_work
+from ...plan.config import ModelConfig
+from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
+from ...trainer.parallel.context_analysis import attention_work
 from ..figures.context_parallel import CP_LAYOUTS, plot_cp_layout
 from ..style import COLORS, INVALID, PAGE_WIDTH, log2_ticks
 from ..widgets import choice, explorer, powers, steps

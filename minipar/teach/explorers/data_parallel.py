@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import PRESETS, ModelConfig
-from ...flops import param_count
-from ...formulas.data_parallel import zero_bytes_per_param
+from ...plan.config import PRESETS, ModelConfig
+from ...plan.flops import param_count
+from ...plan.formulas.data_parallel import zero_bytes_per_param
 from ..figures.data_parallel import plot_zero_memory
 from ..widgets import choice, explorer, powers, slider
 

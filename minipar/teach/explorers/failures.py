@@ -1,11 +1,11 @@
 """The failures chapter's explorer: checkpoint interval, MTBF, write and restart time ->
-the fraction of time lost (`minipar.checkpoint.expected_waste`) and where it goes."""
+the fraction of time lost (`minipar.runtime.checkpoint.expected_waste`) and where it goes."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ...formulas.failures import daly_interval, expected_waste, young_interval
+from ...plan.formulas.failures import daly_interval, expected_waste, young_interval
 from ..numbers import failures as facts
 from ..style import COLORS, PAGE_WIDTH
 from ..widgets import explorer, log_slider, slider
@@ -49,7 +49,7 @@ def figure(interval_min=DEFAULTS["interval_min"], mtbf_h=DEFAULTS["mtbf_h"],
            color=[COLORS.get("dp", "tab:blue"), "tab:orange", "tab:grey"])
     bx.set(ylabel="% of the time", title=f"at {interval_min:g} min", xlabel="")
     fig.suptitle(f"MTBF {mtbf_h:g} h, a write takes {write_s:g} s, a restart {restart_s:g} s\n"
-                 "(first order, minipar.formulas.failures.expected_waste)", fontsize=9)
+                 "(first order, minipar.plan.formulas.failures.expected_waste)", fontsize=9)
     fig.tight_layout()
     return fig
 

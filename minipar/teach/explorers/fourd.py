@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import ConfigError, ModelConfig
-from ...costmodel import GPU_NAMES, binding_constraint, gpu_cluster, plan
-from ...costmodel.planner import describe, limiting_term
+from ...plan.config import ConfigError, ModelConfig
+from ...plan.costmodel import GPU_NAMES, binding_constraint, gpu_cluster, plan
+from ...plan.costmodel.planner import describe, limiting_term
 from ..figures.fourd import plot_plan
 from ..style import INVALID
 from ..widgets import choice, explorer, powers, steps, toggle

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import ModelConfig
-from ...flops import local_param_count
-from ...flops import param_count
-from ...parallel.schedules import split_layers
+from ...plan.config import ModelConfig
+from ...plan.flops import local_param_count
+from ...plan.flops import param_count
+from ...plan.schedules import split_layers
 from ..figures.hf import plot_slices
 from ..style import PAGE_WIDTH
 from ..widgets import choice, explorer

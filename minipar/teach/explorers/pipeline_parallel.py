@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import SCHEDULES, ConfigError
-from ...formulas.pipeline_parallel import bubble_fraction
-from ...parallel.schedule_analysis import peak_in_flight
-from ...parallel.schedules import make_schedule, simulate
+from ...plan.config import SCHEDULES, ConfigError
+from ...plan.formulas.pipeline_parallel import bubble_fraction
+from ...plan.schedule_analysis import peak_in_flight
+from ...plan.schedules import make_schedule, simulate
 from ..figures.pipeline_parallel import plot_schedule
 from ..style import INVALID, PAGE_WIDTH
 from ..widgets import choice, explorer, slider

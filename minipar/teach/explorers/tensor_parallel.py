@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import ModelConfig
-from ...costmodel.constants import LLAMA3_EFFICIENCY
-from ...flops import layer_param_count
-from ...formulas.tensor_parallel import tp_layer_bytes
+from ...plan.config import ModelConfig
+from ...plan.costmodel.constants import LLAMA3_EFFICIENCY
+from ...plan.flops import layer_param_count
+from ...plan.formulas.tensor_parallel import tp_layer_bytes
 from ..style import COLORS, PAGE_WIDTH
 from ..widgets import choice, explorer, log_slider, powers, slider, steps
 

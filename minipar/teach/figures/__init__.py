@@ -2,7 +2,7 @@
 
 Each function draws one figure from plain results (measured numbers, estimates, schedules)
 and returns its Axes or Figure: no global state, no timestamps, the same picture for the
-same arguments, and no model logic (formulas live in `minipar.formulas` and the cost model).
+same arguments, and no model logic (formulas live in `minipar.plan.formulas` and the cost model).
 The notebooks import them all at once: `from minipar.teach import figures as viz`.
 """
 from .collectives import RING_FRACTION, RING_LABEL, plot_all_reduce_time, plot_ring_bytes

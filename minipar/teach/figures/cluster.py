@@ -2,7 +2,7 @@
 rail-optimized network; and a `--profile` trace drawn the way Perfetto shows it.
 
 The placement pictures are drawn from `ProcessGrid` and the cluster's shape
-(`minipar.placement`: which GPU, server and pod each rank lands on, which link a pair
+(`minipar.runtime.topology`: which GPU, server and pod each rank lands on, which link a pair
 of ranks crosses), nothing recomputed here.
 
 One band per rank: its computation on top (F, B, W and the optimizer), then a row per axis
@@ -15,10 +15,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ... import traces
-from ...costmodel.hardware import Cluster
-from ...grid import AXES, ProcessGrid
-from ... import placement as place
+from ...plan import traces
+from ...plan.costmodel.hardware import Cluster
+from ...trainer.grid import AXES, ProcessGrid
+from ...runtime import topology as place
 from ..style import COLORS, GREY, PAGE_WIDTH, RED
 
 HIDDEN, EXPOSED = "#55A868", RED

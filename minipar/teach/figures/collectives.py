@@ -9,12 +9,13 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from ...ring import ring_schedule
-from ...formulas.collective_time import ALL_REDUCE_ALGORITHMS, all_reduce_cost, all_reduce_time
+from ...trainer.ring import ring_schedule
+from ...plan.formulas.collective_time import (ALL_REDUCE_ALGORITHMS, all_reduce_cost,
+                                              all_reduce_time)
 from ..style import PAGE_WIDTH, SMALL
 
 # Bytes one rank sends, as a fraction of the message S, under the ring algorithm. Written
-# out here (not taken from minipar.formulas) so that the figure checks the log, not itself.
+# out here (not taken from minipar.plan.formulas) so that the figure checks the log, not itself.
 RING_FRACTION = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,

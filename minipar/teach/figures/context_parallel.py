@@ -3,7 +3,7 @@
 The causal attention matrix cut into 2*cp chunks, the work each rank does under the naive
 (contiguous) and the load-balanced (zigzag) layouts, activation memory against sequence
 length, ring vs all-gather bytes, and the mask one rank applies after an all-gather of K/V.
-The layouts and the work counts come from `minipar.parallel.context` (pure functions).
+The layouts and the work counts come from `minipar.trainer.parallel.context` (pure functions).
 """
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Polygon, Rectangle
 
-from ...config import ModelConfig
-from ...formulas.memory import activation_elements
-from ...formulas.context_parallel import cp_wire_bytes_per_step
-from ...parallel.schedules import stage_layer_counts
-from ...parallel.context import (block_forward, local_positions, merge, ring_steps, zigzag_chunks)
-from ...parallel.context_analysis import attention_work, contiguous_chunks
+from ...plan.config import ModelConfig
+from ...plan.formulas.memory import activation_elements
+from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
+from ...plan.schedules import stage_layer_counts
+from ...trainer.parallel.context import (block_forward, local_positions, merge, ring_steps,
+                                         zigzag_chunks)
+from ...trainer.parallel.context_analysis import attention_work, contiguous_chunks
 from .. import replays
 from .replayed import plot_replayed
 from ..style import COLORS, PAGE_WIDTH, log2_ticks

@@ -12,11 +12,11 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from ... import traces
-from ...config import ModelConfig
-from ...formulas.data_parallel import bucket_timeline, zero_bytes_per_param, zero_shards
-from ...model import Transformer
-from ...parallel.data import make_buckets
+from ...plan import traces
+from ...plan.config import ModelConfig
+from ...plan.formulas.data_parallel import bucket_timeline, zero_bytes_per_param, zero_shards
+from ...trainer.model import Transformer
+from ...trainer.parallel.data import make_buckets
 from .. import replays
 from .replayed import plot_replayed
 from ..style import COLORS, MEMORY_PARTS, PAGE_WIDTH, formula_marks, stacked_bars

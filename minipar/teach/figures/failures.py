@@ -13,9 +13,9 @@ import numpy as np
 
 import torch
 
-from ...checkpoint import tp_local
-from ...formulas.failures import expected_waste, young_interval
-from ...parallel.zero import FlatShards
+from ...runtime.checkpoint import tp_local
+from ...plan.formulas.failures import expected_waste, young_interval
+from ...trainer.parallel.zero import FlatShards
 from ..numbers.failures import broken_commit, crash_table, safe_commit
 from ..numbers import failures as facts
 from ..style import COLORS, FAILURE_CATEGORIES, PAGE_WIDTH, SMALL

@@ -3,7 +3,7 @@ plots of choosing a layout, and the cost model against the published runs.
 
 The rank grid: one panel per axis over the same arrangement of ranks, a colour per group,
 read from the grid's own `coords` and `all_groups`. The thresholds: one rule each, drawn
-from the numbers of `minipar.costmodel.rules` and the planner: nothing recomputed here.
+from the numbers of `minipar.plan.costmodel.rules` and the planner: nothing recomputed here.
 """
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
-from ...config import ModelConfig
-from ...costmodel import LLAMA3_CLUSTER, rules
-from ...costmodel.calibration import held_out_runs, published_runs
-from ...costmodel.evaluate import predict
-from ...formulas.pipeline_parallel import bubble_fraction
-from ...grid import AXES, ProcessGrid
-from ..numbers.fourd import DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, dp_rule_share, worked_cluster, worked_plan
+from ...plan.config import ModelConfig
+from ...plan.costmodel import LLAMA3_CLUSTER, rules
+from ...plan.costmodel.calibration import held_out_runs, published_runs
+from ...plan.costmodel.evaluate import predict
+from ...plan.formulas.pipeline_parallel import bubble_fraction
+from ...trainer.grid import AXES, ProcessGrid
+from ..numbers.fourd import (DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, dp_rule_share,
+                             worked_cluster, worked_plan)
 from .. import replays
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
@@ -70,7 +71,7 @@ def _draw_groups(ax, grid: ProcessGrid, axis: str):
 
 
 # ------------------------------------------------------------------ choosing a layout
-# Each threshold plot draws one rule of `minipar.costmodel.rules` against the variable that
+# Each threshold plot draws one rule of `minipar.plan.costmodel.rules` against the variable that
 # moves it; the numbers are the cost model's, nothing is recomputed here.
 def plot_tp_threshold(widths, ratios: dict, overlapped: dict | None = None, budget: float = 0.2):
     """TP's exposed communication over its matmuls against model width, a line per degree t

@@ -14,10 +14,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ...config import ModelConfig
-from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...parallel.schedules import split_layers
-from ...grid import ProcessGrid
+from ...plan.config import ModelConfig
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER
+from ...plan.schedules import split_layers
+from ...trainer.grid import ProcessGrid
 from ..numbers.hf import kv_bytes_per_token
 from ..style import PAGE_WIDTH, SMALL
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...costmodel.table4 import TABLE4
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER
+from ...plan.costmodel.table4 import TABLE4
 from ..style import COLORS, PAGE_WIDTH
 
 

@@ -1,17 +1,17 @@
 """Figures of the chapter "Memory: where every byte goes".
 
 Each draws from plain numbers: bytes measured by the trainer (`--log-json`'s `memory`),
-bytes predicted by `minipar.costmodel.memory`, elements per token from `minipar.formulas`.
+bytes predicted by `minipar.plan.costmodel.memory`, elements per token from `minipar.plan.formulas`.
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ...config import ModelConfig
-from ...costmodel.constants import BF16_MIXED, FP32
-from ...formulas.pipeline_parallel import in_flight_chunks
-from ...formulas.memory import layer_saved_breakdown
-from ..numbers.memory import budgets      # the same computation the prose states
+from ...plan.config import ModelConfig
+from ...plan.costmodel.constants import BF16_MIXED, FP32
+from ...plan.formulas.pipeline_parallel import in_flight_chunks
+from ...plan.formulas.memory import layer_saved_breakdown
+from ..numbers.memory import budgets
 from ..style import BLUE, COLORS, GREEN, ORANGE, PAGE_WIDTH, PURPLE, lighter, stacked_bars
 
 PARTS = ("params", "grads", "optimizer", "activations")

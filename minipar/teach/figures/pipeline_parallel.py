@@ -9,10 +9,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ...formulas.pipeline_parallel import bubble_fraction
-from ... import traces
-from ...parallel.schedule_analysis import pipeline_events, timeline_from_events
-from ...parallel.schedules import Timeline, make_schedule, simulate
+from ...plan.formulas.pipeline_parallel import bubble_fraction
+from ...plan import traces
+from ...plan.schedule_analysis import pipeline_events, timeline_from_events
+from ...plan.schedules import Timeline, make_schedule, simulate
 from .. import replays
 from ..style import COLORS, GREY, PAGE_WIDTH, lighter
 

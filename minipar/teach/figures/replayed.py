@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from ... import traces
+from ...plan import traces
 from ..style import COLORS, GREEN, GREY, PAGE_WIDTH, RED
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
-from ...parallel.collective_matmul import gather_chunk, scatter_chunk
-from ...parallel.tensor import TP_PLAN
+from ...trainer.parallel.collective_matmul import gather_chunk, scatter_chunk
+from ...trainer.parallel.tensor import TP_PLAN
 from .. import replays
 from .replayed import plot_replayed
-from ..style import (COLORS, MEMORY_PARTS, PAGE_WIDTH, SMALL, formula_marks, lighter, log2_ticks,
-                     stacked_bars)
+from ..style import (COLORS, MEMORY_PARTS, PAGE_WIDTH, SMALL, formula_marks, lighter,
+                     log2_ticks, stacked_bars)
 
 
 def plot_tp_memory(measured: dict, formula: dict | None = None, unit: float = 1e6,

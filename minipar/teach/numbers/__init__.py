@@ -10,7 +10,7 @@ from functools import cache
 
 from . import (cluster, collectives, context_parallel, data_parallel, failures, fourd, hf,
                intro, llama3, memory, mfu, pipeline_parallel, tensor_parallel)
-from .core import EVIDENCE, Number, merge  # noqa: F401
+from .core import EVIDENCE, Number, merge
 
 CHAPTERS = {m.__name__.rsplit(".", 1)[1]: m for m in (
     intro, llama3, collectives, data_parallel, tensor_parallel, pipeline_parallel,

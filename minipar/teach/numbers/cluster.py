@@ -1,15 +1,15 @@
 """The numbers the cluster chapter states (book/cluster.md), computed once from where ranks
-land on the cluster (`minipar.placement`)."""
+land on the cluster (`minipar.runtime.topology`)."""
 from __future__ import annotations
 
 import math
 
-from ...config import ModelConfig
-from ...costmodel.hardware import LLAMA3_CLUSTER, collective_latency_s
-from ...costmodel.table4 import TABLE4
-from ...flops import param_count
-from ...grid import ProcessGrid
-from ...placement import groups, ring_links, straddling_replicas
+from ...plan.config import ModelConfig
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER, collective_latency_s
+from ...plan.costmodel.table4 import TABLE4
+from ...plan.flops import param_count
+from ...trainer.grid import ProcessGrid
+from ...runtime.topology import groups, ring_links, straddling_replicas
 from .core import Number, derived, paper
 
 def _table4() -> dict[str, Number]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 
-from ...config import ModelConfig
-from ...costmodel.constants import LLAMA3_EFFICIENCY as EFF
-from ...costmodel.hardware import LLAMA3_CLUSTER as C
-from ...costmodel.table4 import TABLE4
-from ...formulas.collective_time import all_reduce_cost, all_reduce_time
-from ...formulas.collectives import wire_bytes
-from ...wire import HEADER_BYTES, WIRE_GRID, gloo_bytes
+from ...plan.config import ModelConfig
+from ...plan.costmodel.constants import LLAMA3_EFFICIENCY as EFF
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER as C
+from ...plan.costmodel.table4 import TABLE4
+from ...plan.formulas.collective_time import all_reduce_cost, all_reduce_time
+from ...plan.formulas.collectives import wire_bytes
+from ...runtime.wire_meter import HEADER_BYTES, WIRE_GRID, gloo_bytes
 from .core import Number, derived, measured
 
 ALPHA_NVLINK = C.nvlink_latency_us * 1e-6      # s per ring step inside a server: NCCL's model

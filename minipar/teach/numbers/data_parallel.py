@@ -8,12 +8,12 @@ from functools import cache
 
 import torch
 
-from ...config import ModelConfig, ParallelConfig
-from ...costmodel import LLAMA3_CLUSTER, estimate
-from ...costmodel.constants import TABLE4_BATCH_TOKENS
-from ...costmodel.table4 import TABLE4
-from ...formulas.data_parallel import zero_bytes_per_param
-from ...parallel.data import FIRST_BUCKET_MB
+from ...plan.config import ModelConfig, ParallelConfig
+from ...plan.costmodel import LLAMA3_CLUSTER, estimate
+from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
+from ...plan.costmodel.table4 import TABLE4
+from ...plan.formulas.data_parallel import zero_bytes_per_param
+from ...trainer.parallel.data import FIRST_BUCKET_MB
 from .. import replays
 from .core import Number, derived, from_replay, paper, replayed_ms
 

@@ -2,7 +2,7 @@
 
 The paper's Table 5 (what interrupted 54 days of Llama 3 405B's pre-training) is here as
 printed, and every share, rate and checkpoint interval the chapter quotes is computed from
-it with `minipar.formulas.failures` (`young_interval`, `expected_waste`). Last, a checkpoint
+it with `minipar.plan.formulas.failures` (`young_interval`, `expected_waste`). Last, a checkpoint
 commit crashed at every moment (`crash_table`): what the chapter's figure draws and its
 `check_commit` exercise runs.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import signal
 
-from ...formulas.failures import expected_waste, young_interval
-from ...config import ModelConfig
-from ...flops import param_count
+from ...plan.formulas.failures import expected_waste, young_interval
+from ...plan.config import ModelConfig
+from ...plan.flops import param_count
 from .core import Number, assumed, derived, paper
 
 # Table 5: component, category, unexpected interruptions, share as printed (%)

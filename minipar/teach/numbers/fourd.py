@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from functools import cache
 
-from ... import costmodel as cm
-from ...config import ModelConfig, ParallelConfig
-from ...costmodel import rules
-from ...costmodel.constants import BF16_MIXED
-from ...costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement, heatmap_cells,
-                                      held_out_runs, playbook_flops_ratio, playbook_mfu_ratios,
-                                      playbook_runs)
-from ...costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, layout_order,
-                                   order_kept, residuals, summary as evaluate_summary)
-from ...costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
-                                  memory_budget_gb, plan)
-from ...flops import flops_per_token, param_count
+from ...plan import costmodel as cm
+from ...plan.config import ModelConfig, ParallelConfig
+from ...plan.costmodel import rules
+from ...plan.costmodel.constants import BF16_MIXED
+from ...plan.costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement,
+                                           heatmap_cells, held_out_runs, playbook_flops_ratio,
+                                           playbook_mfu_ratios, playbook_runs)
+from ...plan.costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, layout_order, order_kept,
+                                        residuals, summary as evaluate_summary)
+from ...plan.costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
+                                       memory_budget_gb, plan)
+from ...plan.flops import flops_per_token, param_count
 from .core import Number, assumed, derived
 
 _EVAL = "python -m minipar.costmodel.evaluate"

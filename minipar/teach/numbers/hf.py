@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...config import ModelConfig
-from ...flops import param_count
+from ...plan.config import ModelConfig
+from ...plan.flops import param_count
 from .core import Number, derived
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "minipar_book.txt"

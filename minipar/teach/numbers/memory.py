@@ -11,15 +11,15 @@ import math
 
 import torch
 
-from ...config import ModelConfig
-from ...costmodel.constants import BF16_MIXED, FP32
-from ...costmodel.memory import fullest_stage, layer_bytes, memory_of_rank
-from ...costmodel.table4 import table4
-from ...formulas.memory import activation_elements, layer_saved_elements
-from ...formulas.pipeline_parallel import in_flight_chunks
-from ...parallel.schedules import stage_layer_counts
-from ...flops import layer_param_count, param_count
-from ...config import TrainConfig
+from ...plan.config import ModelConfig
+from ...plan.costmodel.constants import BF16_MIXED, FP32
+from ...plan.costmodel.memory import fullest_stage, layer_bytes, memory_of_rank
+from ...plan.costmodel.table4 import table4
+from ...plan.formulas.memory import activation_elements, layer_saved_elements
+from ...plan.formulas.pipeline_parallel import in_flight_chunks
+from ...plan.schedules import stage_layer_counts
+from ...plan.flops import layer_param_count, param_count
+from ...plan.config import TrainConfig
 from .core import Number, assumed, derived, paper
 
 GIB = 2**30

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from functools import cache
 
-from ... import costmodel as cm
-from ...costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
-from ...costmodel.time import critical_seconds, dp_terms, microbatch_seconds
-from ...config import ModelConfig, ParallelConfig
-from ...placement import straddling_replicas
-from ...flops import attention_flops_per_token, dense_flops_per_token, flops_per_token, gpu_peak_flops
+from ...plan import costmodel as cm
+from ...plan.costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
+from ...plan.costmodel.time import critical_seconds, dp_terms, microbatch_seconds
+from ...plan.config import ModelConfig, ParallelConfig
+from ...runtime.topology import straddling_replicas
+from ...plan.flops import (attention_flops_per_token, dense_flops_per_token, flops_per_token,
+                           gpu_peak_flops)
 from .core import Number, derived, measured
 
 _CM = "cost model (costmodel.table4), Table 4 row {}"

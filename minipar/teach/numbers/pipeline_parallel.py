@@ -3,12 +3,12 @@ by the schedules' own functions (`make_schedule`, `simulate`), the stage split a
 bubble formulas; Llama 3's facts come from `numbers.llama3`."""
 from __future__ import annotations
 
-from ...config import ModelConfig
-from ...costmodel.constants import TABLE4_BATCH_TOKENS
-from ...costmodel.table4 import TABLE4
-from ...formulas.pipeline_parallel import bubble_fraction
-from ...parallel.schedules import split_layers
-from ...parallel.schedules import Action, make_schedule, simulate
+from ...plan.config import ModelConfig
+from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
+from ...plan.costmodel.table4 import TABLE4
+from ...plan.formulas.pipeline_parallel import bubble_fraction
+from ...plan.schedules import split_layers
+from ...plan.schedules import Action, make_schedule, simulate
 from .. import replays
 from .core import Number, assumed, derived, from_replay, two_digits
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from ...config import ModelConfig
-from ...costmodel.constants import BF16_MIXED, TABLE4_BATCH_TOKENS
-from ...costmodel.hardware import LLAMA3_CLUSTER
-from ...costmodel.table4 import TABLE4
-from ...costmodel.time import estimate
-from ...flops import flops_per_token
-from ...formulas.data_parallel import dp_bytes
-from ...flops import layer_param_count, param_count
-from ...formulas.collectives import wire_bytes
+from ...plan.config import ModelConfig
+from ...plan.costmodel.constants import BF16_MIXED, TABLE4_BATCH_TOKENS
+from ...plan.costmodel.hardware import LLAMA3_CLUSTER
+from ...plan.costmodel.table4 import TABLE4
+from ...plan.costmodel.time import estimate
+from ...plan.flops import flops_per_token
+from ...plan.formulas.data_parallel import dp_bytes
+from ...plan.flops import layer_param_count, param_count
+from ...plan.formulas.collectives import wire_bytes
 from .. import replays
 from .core import Number, derived, from_replay, replayed_ms
 

@@ -1,0 +1,185 @@
+"""The published runs the cost model is evaluated on, read into the model's own objects.
+
+Chapter "Four dimensions at once". `data/published_runs.csv` is a copy of the project's
+`calibration/published_runs.csv` (sources in its header: Llama 3's Table 4 and the
+Ultra-Scale Playbook's best configuration per model size and node count). Each row becomes
+the four things `estimate` takes: a model, a layout, a cluster and a batch. Other published
+tables are held back to test the model, and nothing is fitted on any of them. Each row names
+the framework that ran it (`frameworks`): its behaviours are an input. The Playbook's
+heatmap has more cells than the evaluation file holds (`data/playbook_heatmap.csv`, every
+cell with the memory it printed): `evaluate` reports on those too.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .. import flops
+from ..config import ModelConfig, ParallelConfig
+from .gpus import gpu_cluster
+from .hardware import LLAMA3_CLUSTER, Cluster
+from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
+from .frameworks import apply, framework
+from .workload import Workload, layout_problems
+
+RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
+# Every cell of the Playbook's heatmap, with the memory it printed: the cells that are not
+# evaluation rows are predicted too (`evaluate`).
+HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
+# Every run of the Playbook's interactive figure: the MFU and tokens/s each printed. It
+# shows which FLOPs the Playbook's MFU counts (`playbook_mfu_ratios`).
+PLAYBOOK_RUNS_FILE = Path(__file__).parent / "data" / "playbook_runs.csv"
+# The Playbook's cluster: bench_cluster's Slurm templates run from /fsx (Amazon FSx for
+# Lustre) on partition "hopper-prod", AWS p5.48xlarge servers (8 H100 SXM each), whose
+# fabric is EFA: collectives across servers are timed by nccl-tests on p5 (`constants`).
+PLAYBOOK_CLUSTER = replace(gpu_cluster("h100"), name="ultrascale playbook (AWS p5, EFA)", fabric="efa")
+PLAYBOOK_PEAK_TFLOPS = 989.5        # bench_cluster's report.py: 1979 / 2, dense bf16
+
+# The Playbook's models (nanotron's Llama with full multi-head attention and a 131,072-token
+# vocabulary; the two small ones tie their embeddings). Their shapes are those of Llama 3.2
+# 1B / 3B and Llama 3.1 8B / 70B with n_kv_heads = n_heads; each reproduces the parameter
+# count the Playbook prints to three digits (`test_playbook_shapes_match_their_names`).
+# Checked, not guessed: the benchmark tool behind the Playbook's sweep (bench_cluster) sets
+# "num_attention_heads = num_key_value_heads for all models <=> using MHA", and nanotron
+# asserts that TP divides the KV heads, which the TP16 row could not pass with 8 of them.
+# How the rows ran, as nanotron does it: its default `pp_engine: 1f1b` (the schedule column),
+# layers cut into stages by its cost rule (`workload.nanotron_split`), gradients all-reduced
+# in 25 MB DDP buckets (ZeRO-0) or reduce-scattered and gathered (ZeRO-1), TP with sequence
+# parallelism and no overlap modelled (its async all-gather is a known uncertainty).
+# The FLOP convention, measured: the Playbook's MFU is not minipar's (PaLM's 6 N + 12 L h s,
+# the embedding lookup not a matmul). Over the 1,751 runs of its interactive figure
+# (`data/playbook_runs.csv`) the printed MFU is tokens/s x minipar's FLOPs per token / peak
+# times 1 + 6 h V / F whenever the input embedding is a table of its own (untied, or tied
+# but on another pipeline stage than the head): it counts the lookup as a matmul.
+# `playbook_flops_ratio` undoes that, so every row is compared in one count. Llama 3's
+# paper does not spell out its count; its rows are taken as printed.
+PLAYBOOK_MODELS = {
+    "1.34B": ModelConfig(n_layers=16, dim=2048, n_heads=32, n_kv_heads=32, ffn_dim=8192,
+                         vocab_size=131072, max_seq_len=4096, tie_embeddings=True, name="1.34B"),
+    "3.57B": ModelConfig(n_layers=28, dim=3072, n_heads=24, n_kv_heads=24, ffn_dim=8192,
+                         vocab_size=131072, max_seq_len=4096, tie_embeddings=True, name="3.57B"),
+    "8.86B": ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=32, ffn_dim=14336,
+                         vocab_size=131072, max_seq_len=4096, name="8.86B"),
+    "80B": ModelConfig(n_layers=80, dim=8192, n_heads=64, n_kv_heads=64, ffn_dim=28672,
+                       vocab_size=131072, max_seq_len=4096, name="80B"),
+}
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One row of the evaluation file: what ran, under which framework, and the MFU its
+    authors measured."""
+
+    source: str
+    model: ModelConfig
+    parallel: ParallelConfig
+    cluster: Cluster
+    work: Workload
+    mfu: float              # in minipar's FLOP count (`minipar.plan.flops`): what is compared
+    printed_mfu: float      # as the source prints it
+    framework: str = "nanotron"
+    note: str = ""
+    precision: Precision = BF16_MIXED
+    efficiency: Efficiency = LLAMA3_EFFICIENCY
+
+    @property
+    def label(self) -> str:
+        p = self.parallel
+        return (f"{self.model.name} {p.world_size} GPUs TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}"
+                f" seq {self.work.seq_len}")
+
+
+def playbook_flops_ratio(model: ModelConfig, pp: int, seq_len: int) -> float:
+    """The Playbook's MFU over minipar's for the same run: 1 + 6 h V / F (F: minipar's FLOPs
+    per token) when the input embedding is a table of its own, which the Playbook counts as
+    a matmul; 1 when it is the head's own weight on the same stage (tied, one stage)."""
+    if model.tie_embeddings and pp == 1:
+        return 1.0
+    return 1.0 + 6.0 * model.dim * model.vocab_size / flops.flops_per_token(model, seq_len)
+
+
+def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05):
+    """(model, pp, printed MFU / minipar's MFU from the printed tokens/s) of every run of the
+    Playbook's figure at `floor` MFU or more (below, 0.1-point rounding blurs the ratio)."""
+    out = []
+    for row in _rows(path):
+        model, pp = PLAYBOOK_MODELS[row["model"]], int(row["pp"])
+        ours = (float(row["tokens_per_s_per_gpu"]) * flops.flops_per_token(model, 4096)
+                / (PLAYBOOK_PEAK_TFLOPS * 1e12))
+        if ours >= floor:
+            out.append((model, pp, float(row["mfu_percent"]) / 100 / ours))
+    return out
+
+
+def flop_count_agreement(tol: float, corrected: bool = True) -> float:
+    """Share of the Playbook figure's runs whose printed MFU matches minipar's count within
+    `tol` (relative), after `playbook_flops_ratio` (`corrected`) or as printed."""
+    ratios = playbook_mfu_ratios()
+    return sum(abs(ratio / (playbook_flops_ratio(m, pp, 4096) if corrected else 1.0) - 1) < tol
+               for m, pp, ratio in ratios) / len(ratios)
+
+
+def playbook_runs(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05) -> list[PublishedRun]:
+    """The Playbook figure's runs at `floor` MFU or more (in minipar's count) that minipar's
+    shapes can run (a few use a TP degree that does not divide the heads), each as a
+    `PublishedRun`: all the layouts tried for one model on one cluster size, to rank."""
+    out = []
+    for row in _rows(path):
+        run = _run({"source": "ultrascale-playbook-figure", "model": row["model"], "tp": row["tp"],
+                    "cp": "1", "pp": row["pp"], "dp": row["dp"], "zero": row["zero"],
+                    "gas": row["gas"], "mbs": row["mbs"], "seq_len": "4096",
+                    "global_batch_seqs": row["gbs"], "schedule": "1f1b",
+                    "mfu": str(float(row["mfu_percent"]) / 100)})
+        if run.mfu >= floor and not layout_problems(run.model, run.parallel, run.work):
+            out.append(run)
+    return out
+
+
+def _model(name: str) -> ModelConfig:
+    return PLAYBOOK_MODELS[name] if name in PLAYBOOK_MODELS else ModelConfig.preset(name)
+
+
+def _run(row: dict) -> PublishedRun:
+    """A CSV row as a `PublishedRun`. Llama 3's rows leave ZeRO, micro-batches and
+    micro-batch size empty: its paper's FSDP is ZeRO-1-like, one sequence per micro-batch,
+    8 model chunks per rank (126 layers + embedding + head on 16 x 8 stages)."""
+    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
+    seq, batch = int(row["seq_len"]), int(row["global_batch_seqs"])
+    mbs = int(row["mbs"] or 1)
+    llama3 = row["source"].startswith("llama3")
+    v = 8 if row["schedule"] == "interleaved" else 1
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=int(row["zero"] or 1), sp=tp > 1,
+                        tp_overlap=False,
+                        schedule=row["schedule"], virtual_stages=v,
+                        microbatches=batch // (dp * mbs), cp_impl="allgather")
+    name = row.get("framework") or ("llama3" if llama3 else "nanotron")
+    pc, precision, eff = apply(framework(name), _model(row["model"]), pc)
+    cluster = LLAMA3_CLUSTER if llama3 else PLAYBOOK_CLUSTER
+    split = "trainer" if llama3 else "nanotron"  # Llama 3's split (`table4.PAPER_SPLIT`); nanotron's own rule
+    model, printed = _model(row["model"]), float(row["mfu"])
+    ratio = 1.0 if llama3 else playbook_flops_ratio(model, pp, seq)
+    return PublishedRun(row["source"], model, pc, cluster,
+                        Workload(seq, batch, mbs, stage_split=split), printed / ratio, printed,
+                        name, row.get("note") or "", precision, eff)
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def published_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
+    """Every row of the evaluation file, in its order."""
+    return [_run(row) for row in _rows(path)]
+
+
+def heatmap_cells(path: Path = HEATMAP_FILE) -> list[tuple[PublishedRun, float]]:
+    """Every cell of the Playbook's heatmap: the run, and the GB per GPU it printed."""
+    return [(_run(row), float(row["memory_gb"])) for row in _rows(path)]
+
+
+def held_out_runs() -> list[PublishedRun]:
+    """The heatmap's cells that are not rows of the evaluation file."""
+    rows = {run.label for run in published_runs()}
+    return [run for run, _ in heatmap_cells() if run.label not in rows]

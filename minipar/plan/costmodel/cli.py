@@ -1,0 +1,345 @@
+"""`python -m minipar.costmodel`: predict a step from the command line.
+
+Chapter "MFU and communication volume". Flags for the model (a preset, or any field
+overridden), the hardware, the layout and batch, the numerics and the model's constants; the
+answer as a short report or, with --json, as one JSON object (`Estimate.as_dict`). The layout
+flags are `python -m minipar.train`'s, generated from the same config fields (`cli.add_flags`)
+with this command's defaults (`LAYOUT_DEFAULTS`). A layout that cannot run is one line on
+stderr naming the flag and the rule, and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+
+from ..flags import Chosen, Parser, add_flags
+from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
+from .catalog import CONSTANTS
+from .constants import LLAMA3_EFFICIENCY, PRECISIONS
+from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
+from .defaults import default_degrees, default_schedule
+from .gpus import GPU_NAMES, gpu_cluster
+from .hardware import FABRICS, LLAMA3_CLUSTER, Cluster
+from .planner import (MEMORY_HEADROOM, REMEDIES, binding_constraint, describe, limiting_term,
+                      losses, plan)
+from .time import Estimate, estimate
+from .workload import Workload, make_workload
+
+
+# The layout flags are the trainer's (`ParallelConfig`, `TrainConfig`), with the cost model's
+# defaults. Every knob whose best value depends on the others is `Chosen`: None on the command
+# line, resolved for the layout given (`defaults`), so that only a flag the user passed can be
+# refused.
+LAYOUT_DEFAULTS = {
+    "tp": Chosen("Table 4's 8 if it fits, else one server's worth"),
+    "cp": Chosen("1"),
+    "pp": Chosen("Table 4's 16 if it fits --gpus, else 1"),
+    "dp": Chosen("--gpus / (tp*cp*pp), or 64 without --gpus"),
+    "seq_len": 8192,
+    "global_batch": Chosen("--global-batch-tokens / --seq-len"),
+    "schedule": Chosen("interleaved with a pipeline whose micro-batches are a multiple of pp, "
+                       "else 1f1b"),
+    "virtual_stages": Chosen("with --schedule interleaved: 8, or the most, a power of two, "
+                             "that pp x v <= layers + 2 allows; else 1"),
+    "sp": Chosen("on when tp > 1"),
+    "zero": 1,
+    "cp_impl": "allgather",
+}
+
+
+class _Parser(Parser):
+    prog_in_errors = False       # "error: ...": the cost model's lines have always read so
+
+    def parse_args(self, args=None, namespace=None):
+        """The flags, every number among them checked before any arithmetic sees it
+        (`number_problem`): a bad one is one line and exit 2, like a malformed flag."""
+        given = super().parse_args(args, namespace)
+        bad = [line for a in self._actions if (line := number_problem(a, vars(given).get(a.dest)))]
+        if bad:
+            self.error(bad[0])
+        return given
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m minipar.costmodel",
+                description="Predict MFU, step time, memory and comm bytes of a 4D-parallel "
+                            "training step. Defaults: Llama 3 405B, Table 4 row 1.")
+    _add_model_and_hardware_flags(p)
+    _add_layout_flags(p.add_argument_group("layout and batch"))
+    g = p.add_argument_group("numerics and the software stack")
+    g.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16",
+                   help="bf16: Llama 3's mixed precision; fp32: minipar on CPU")
+    g.add_argument("--framework", choices=tuple(FRAMEWORKS),
+                   help="the software stack's behaviours (frameworks.py): kernels, reduce dtype, "
+                        "DP buckets, ZeRO, TP overlap; default: the preset's own (llama3 for the "
+                        "Llama 3 presets), else none: the layout flags as given, with fused "
+                        "kernels. --zero, --bucket-mb, --tp-overlap given explicitly win")
+    p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
+    return p
+
+
+def _add_model_and_hardware_flags(p) -> None:
+    g = p.add_argument_group("model (a preset, or any field of it overridden)")
+    g.add_argument("--preset", "--model", dest="preset", default="llama3-405b",
+                   help="a model preset (default llama3-405b); the hardware is the Llama 3 "
+                        "cluster unless --gpu or a field below says otherwise")
+    for flag, dest in (("--layers", "n_layers"), ("--dim", "dim"), ("--ffn-dim", "ffn_dim"),
+                       ("--heads", "n_heads"), ("--kv-heads", "n_kv_heads"), ("--vocab", "vocab_size")):
+        g.add_argument(flag, dest=dest, type=int)
+    g = p.add_argument_group("hardware (defaults: the Llama 3 cluster)")
+    g.add_argument("--gpu", choices=GPU_NAMES, help="a GPU's data sheet (gpus.py), wired like "
+                   "Llama 3's cluster; any field below overrides it")
+    for flag, dest, typ in (("--peak-tflops", "peak_tflops", float), ("--hbm-gb", "hbm_gb", float),
+                            ("--hbm-TBps", "hbm_TBps", float),
+                            ("--gpus-per-node", "gpus_per_node", int),
+                            ("--intra-node-GBps", "intra_node_GBps", float),
+                            ("--inter-node-Gbps", "inter_node_Gbps", float)):
+        g.add_argument(flag, dest=dest, type=typ)
+    g.add_argument("--fabric", choices=FABRICS, help="the network across servers: infiniband "
+                   "(alpha-beta at nccl-tests' InfiniBand/RoCE bus bandwidth, the default) or efa "
+                   "(AWS p5's Elastic Fabric Adapter, read off its nccl-tests)")
+
+
+def _add_layout_flags(g) -> None:
+    g.add_argument("--gpus", type=int, help="total GPUs; must equal tp*cp*pp*dp (default: that product)")
+    add_flags(g, ParallelConfig, ("tp", "cp", "pp", "dp"), LAYOUT_DEFAULTS)
+    add_flags(g, TrainConfig, ("seq_len",), LAYOUT_DEFAULTS)
+    b = g.add_mutually_exclusive_group()
+    b.add_argument("--global-batch-tokens", type=_tokens,
+                   help="tokens per step, e.g. 16M or 16777216 (default 16M = 2048 x 8192)")
+    add_flags(b, TrainConfig, ("global_batch",), LAYOUT_DEFAULTS)
+    g.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch")
+    add_flags(g, ParallelConfig, ("schedule", "virtual_stages", "zero", "recompute", "cp_impl",
+                                  "sp", "tp_overlap", "bucket_mb"), LAYOUT_DEFAULTS)
+
+
+def _model_and_cluster(args) -> tuple[ModelConfig, Cluster]:
+    model = ModelConfig.preset(args.preset, flag="--preset")
+    overrides = {k: getattr(args, k) for k in ("n_layers", "dim", "ffn_dim", "n_heads",
+                                               "n_kv_heads", "vocab_size") if getattr(args, k) is not None}
+    if overrides:
+        model = replace(model, name="custom", **overrides)
+    hw = {k: getattr(args, k) for k in ("peak_tflops", "hbm_gb", "hbm_TBps", "gpus_per_node",
+                                        "intra_node_GBps", "inter_node_Gbps", "fabric") if getattr(args, k) is not None}
+    cluster = gpu_cluster(args.gpu) if args.gpu else LLAMA3_CLUSTER
+    if hw:
+        cluster = replace(cluster, name=f"{cluster.name} (modified)", **hw)
+    return model, cluster
+
+
+def _layout(args, model: ModelConfig, cluster: Cluster) -> tuple[dict, list[str]]:
+    """tp, cp, pp, dp from the flags given, the rest chosen (`defaults.default_degrees`);
+    --gpus checked against the product, naming each degree as given or chosen."""
+    given = {k: getattr(args, k) for k in ("tp", "cp", "pp", "dp")}
+    degrees, notes = default_degrees(given, args.gpus, model, cluster.gpus_per_node)
+    product = degrees["tp"] * degrees["cp"] * degrees["pp"] * degrees["dp"]
+    if args.gpus is not None and args.gpus != product:
+        names = "*".join(f"{degrees[k]}" + ("" if given[k] is not None else f" ({k}, default)")
+                         for k in ("tp", "cp", "pp", "dp"))
+        raise ConfigError(f"--gpus {args.gpus} must equal tp*cp*pp*dp = {names} = {product}")
+    return degrees, notes
+
+
+def config_from_args(args) -> tuple[ModelConfig, Cluster, ParallelConfig, Workload]:
+    """Turn parsed flags into the four objects; ConfigError names the flag and the rule.
+    The choices made for flags not given are in `args.notes` (a list of lines)."""
+    model, cluster = _model_and_cluster(args)
+    if model.problems():                       # before any default is derived from the model
+        raise ConfigError(*model.problems())
+    d, notes = _layout(args, model, cluster)
+    work = make_workload(args.seq_len, args.global_batch_tokens, args.global_batch,
+                         args.microbatch_size, args.recompute)
+    if args.dp is None and d["dp"] > 0 and work.global_batch > 0 and work.global_batch % d["dp"]:
+        raise ConfigError(f"the global batch of {work.global_batch} sequences (--global-batch / "
+                          f"--global-batch-tokens) cannot be split over dp = {d['dp']}, chosen as "
+                          f"--gpus / (tp*cp*pp); pass --dp or another batch")
+    m = work.global_batch // (d["dp"] * work.microbatch_size) if d["dp"] > 0 and work.microbatch_size > 0 else 1
+    schedule, v, more = default_schedule(d["pp"], m, model.n_layers, args.schedule, args.virtual_stages)
+    sp = args.sp if args.sp is not None else d["tp"] > 1
+    if args.tp_overlap and not sp:
+        raise ConfigError("--tp-overlap needs sequence parallelism: " + (
+            "drop --no-sp" if args.sp is False else f"it is off because --tp {d['tp']} is 1"))
+    parallel = ParallelConfig(tp=d["tp"], cp=d["cp"], pp=d["pp"], dp=d["dp"], zero=args.zero,
+                              bucket_mb=args.bucket_mb, sp=sp, tp_overlap=args.tp_overlap,
+                              schedule=schedule, virtual_stages=v, cp_impl=args.cp_impl)
+    args.notes = notes + more
+    return model, cluster, parallel, work
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.23 MB' (decimal units, as link speeds are quoted)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
+    pc, w = e.parallel, e.workload
+    lines = [
+        f"model    {model.name}: {model.n_layers} layers, dim {model.dim}, ffn {model.ffn_dim}, "
+        f"{model.n_heads} heads ({model.n_kv_heads} KV), vocab {model.vocab_size}",
+        f"cluster  {cluster.name}: {cluster.peak_tflops:g} TFLOP/s, {cluster.hbm_gb:g} GB, "
+        f"{cluster.gpus_per_node}/node, NVLink {cluster.intra_node_GBps:g} GB/s, NIC {cluster.inter_node_Gbps:g} Gb/s {cluster.fabric}",
+        f"layout   {pc.world_size} GPUs = TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp}, {pc.schedule}"
+        + (f" v={pc.virtual_stages}" if pc.virtual_stages > 1 else "")
+        + f", ZeRO-{pc.zero}, SP {'on' if pc.sp else 'off'}" + (" + TP overlap" if pc.tp_overlap else "")
+        + f", CP {pc.cp_impl}, recompute {w.recompute}",
+        f"batch    {w.global_batch} x {w.seq_len} tokens = {w.tokens:,}; micro-batch {w.microbatch_size}, "
+        f"{e.microbatches} per DP rank",
+        "",
+        f"MFU              {100 * e.mfu:6.1f} %   (PaLM convention: 6N + 12 L h s FLOPs per token)",
+        f"HFU              {100 * e.hfu:6.1f} %",
+        f"TFLOP/s per GPU  {e.tflops_per_gpu:8.4g}",
+        f"step time        {e.step_time_s:8.4g} s   ({e.tokens_per_s:,.0f} tokens/s)",
+        f"bubble           {100 * e.bubble_fraction:6.1f} %",
+        "time per step    " + ", ".join(f"{k} {v:.3g} s" for k, v in e.time_breakdown_s.items()),
+        f"the other {100 * (1 - e.mfu):.0f}%  " + ", ".join(
+            f"{k} {100 * v / e.step_time_s:.1f}" for k, v in losses(e).items() if v > 0)
+        + "   (points of the step each term costs: below peak, exposed, idle)",
+        f"memory per GPU   {human_bytes(e.memory_gb_per_gpu * 1e9)} "
+        + ("(fits)" if e.fits_memory else f"(DOES NOT FIT in {cluster.hbm_gb:g} GB)") + ": "
+        + ", ".join(f"{k} {human_bytes(v * 1e9)}" for k, v in e.memory_breakdown_gb.items()),
+        "bytes per GPU    " + ", ".join(f"{k} {human_bytes(v)}" for k, v in e.comm_bytes_per_gpu.items())
+        + "   (sent per step, ring algorithm, pipeline rank 0)",
+    ]
+    return "\n".join(lines)
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m minipar.costmodel plan",
+                description="Every layout of a model on N GPUs that fits in memory, ranked by "
+                            "predicted MFU, with what limits the best ones.")
+    _add_model_and_hardware_flags(p)
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to use")
+    add_flags(p, TrainConfig, ("seq_len",), LAYOUT_DEFAULTS)
+    p.add_argument("--global-batch-tokens", type=_tokens, default=4 * 2**20,
+                   help="tokens per step, e.g. 4M or 4194304 (default 4M)")
+    add_flags(p, ParallelConfig, ("tp_overlap",))
+    p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
+                   help="share of HBM a plan leaves free for what the memory model does not "
+                        f"count (default {MEMORY_HEADROOM:g})")
+    p.add_argument("--top", type=int, default=5)
+    return p
+
+
+def _tokens(text: str) -> int:
+    """'4M' -> 4 * 2**20, '512K' -> 512 * 2**10, '4194304' -> 4194304."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    try:
+        return int(float(text[:-1] if scale > 1 else text) * scale)
+    except (ValueError, OverflowError):         # int(nan), int(inf): 1e400 reads as inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite token count like 4M or "
+                                         "4194304") from None
+
+
+# The rule of a number a flag takes, by the flag's type: a count (GPUs, degrees, layers,
+# tokens, --top, ...) is a positive integer, a real number (bandwidths, efficiencies, ...)
+# finite; each real's own range is checked where it is used. ZeRO's stage is no count: it is
+# one of 0-3, checked with the layout.
+COUNTS, NOT_COUNTS = (int, _tokens), ("zero",)
+
+
+def number_problem(action: argparse.Action, value) -> str | None:
+    """The line refusing `value` of a flag, or None when it obeys its type's rule."""
+    flag = action.option_strings[0] if action.option_strings else action.dest
+    if value is None or isinstance(value, bool):
+        return None
+    if action.type in COUNTS and action.dest not in NOT_COUNTS and value < 1:
+        return f"{flag} {value} must be a positive integer"
+    if action.type is float and not math.isfinite(value):
+        return f"{flag} {value} must be finite"
+    return None
+
+
+def format_plan(p, cluster: Cluster) -> str:
+    """The ranked layouts, each with its limiting term and the MFU without it."""
+    if not p.ranked:
+        return f"nothing fits ({p.tried} layouts tried): {binding_constraint(p, cluster)}"
+    lines = [f"{p.tried} layouts tried, {sum(p.rejected.values())} ruled out "
+             f"({', '.join(f'{k} {v}' for k, v in p.rejected.items()) or 'none'}); best first:"]
+    best = p.ranked[0].mfu
+    for i, e in enumerate(p.ranked, 1):
+        first, share, term, part, without = limiting_term(e)
+        lines.append(f"{i}. {describe(e)}: MFU {100 * e.mfu:.1f}%, {e.memory_gb_per_gpu:.0f} GB")
+        why = ("it needs ZeRO-3 or full recomputation to fit" if first == "memory"
+               else f"{100 * share:.0f}% of the step")
+        lines.append(f"   limited by {first} ({why}), then {term} "
+                     f"({100 * part:.0f}%): without {term} {100 * without:.1f}%"
+                     + (" (would rank first)" if i > 1 and without > best else ""))
+        lines.append(f"   to shrink {term}: {REMEDIES[term]}")
+    return "\n".join(lines)
+
+
+def plan_main(argv) -> int:
+    args = build_plan_parser().parse_args(argv)
+    try:
+        model, cluster = _model_and_cluster(args)
+        bad = model.problems() + cluster.problems() + positive(gpus=args.gpus)
+        if bad:
+            raise ConfigError(*bad)
+        p = plan(model, cluster, args.gpus, args.seq_len, args.global_batch_tokens,
+                 top=args.top, tp_overlap=args.tp_overlap, headroom=args.memory_headroom)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{model.name} on {args.gpus} x {cluster.name}, sequences of {args.seq_len}, "
+          f"{args.global_batch_tokens:,} tokens per step, at most {p.budget_gb:.1f} GB per GPU "
+          f"({100 * args.memory_headroom:g}% of HBM left free)")
+    print(format_plan(p, cluster))
+    return 0
+
+
+def constants_main(argv) -> int:
+    """`python -m minipar.costmodel constants [--json]`: every constant, its value, unit and
+    source."""
+    p = argparse.ArgumentParser(prog="python -m minipar.costmodel constants",
+                                description="Every constant of the cost model with its source.")
+    p.add_argument("--json", action="store_true", help="one JSON list of {name, value, unit, source}")
+    args = p.parse_args(argv)
+    rows = [{"name": c.name, "value": c.value, "unit": c.unit, "source": c.source} for c in CONSTANTS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['name']:24s} {r['value']:>10g} {r['unit']:20s} {r['source']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """`python -m minipar.costmodel [flags]` predicts one step; `... plan [flags]` ranks
+    layouts (`planner.main`); `... constants [--json]` lists the constants."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:
+        return plan_main(argv[1:])
+    if argv[:1] == ["constants"]:
+        return constants_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        model, cluster, parallel, work = config_from_args(args)
+        name = args.framework or PRESET_FRAMEWORK.get(args.preset)
+        pc, precision, eff = parallel, PRECISIONS[args.precision], LLAMA3_EFFICIENCY
+        if name is not None:
+            if args.framework is None:
+                args.notes.append(f"chose --framework {name} (the preset's own stack)")
+            pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision)
+        given = {k: getattr(parallel, k) for k, flag in (("zero", "--zero"), ("bucket_mb", "--bucket-mb"),
+                                                         ("tp_overlap", "--tp-overlap"))
+                 if any(a == flag or a.startswith(flag + "=") for a in argv)}
+        e = estimate(model, pc.replace(**given), cluster, work.seq_len, global_batch=work.global_batch,
+                     microbatch_size=work.microbatch_size, recompute=work.recompute,
+                     precision=precision, efficiency=eff)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**e.as_dict(), "defaults_chosen": args.notes}))
+    else:
+        print(format_estimate(e, model, cluster))
+        for note in args.notes:
+            print(f"default  {note}")
+    return 0

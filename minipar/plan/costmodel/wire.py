@@ -1,0 +1,46 @@
+"""The bytes each GPU sends per step, by axis, as minipar's own CommLog would count them.
+
+Chapter "MFU and communication volume" (each axis chapter derives its own part). The
+per-axis formulas live in `minipar.plan.formulas`, where the axis files and their tests use them
+too; this module evaluates them for one pipeline rank of a layout, so that a tiny gloo run's
+`--log-json` can be compared with the prediction number for number.
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig, ParallelConfig
+from ..formulas.context_parallel import cp_wire_bytes_per_step
+from ..formulas.data_parallel import dp_bytes
+from ..flops import local_param_count
+from ..formulas.pipeline_parallel import pp_bytes
+from ..schedules import rank_layers
+from ..formulas.tensor_parallel import tp_wire_bytes_per_step
+from .constants import BF16_MIXED, Precision
+from .workload import Workload
+
+
+def pipeline_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
+                   precision: Precision, stage: int) -> int:
+    """Pipeline bytes rank `stage` sends per step (`formulas.pp_bytes` for this layout)."""
+    return pp_bytes(work.tokens_per_microbatch(pc), model.dim, pc.pp, work.microbatches(pc),
+                    precision.act_bytes, stage, pc.virtual_stages, pc.tp if pc.sp else 1)
+
+
+def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workload,
+                       precision: Precision = BF16_MIXED, stage: int = 0) -> dict[str, int]:
+    """Wire bytes pipeline rank `stage` (default 0: rank 0, whose CommLog `--log-json`
+    reports) sends per step on each axis: {"tp", "cp", "pp", "dp"}."""
+    pc = parallel
+    m, b, s = work.microbatches(pc), work.microbatch_size, work.seq_len
+    act = precision.act_bytes
+    layers = rank_layers(model, pc.pp, pc.virtual_stages, stage)
+    first, last = stage == 0, stage == pc.pp - 1
+    tp = tp_wire_bytes_per_step(model, b, s // pc.cp, pc.tp, pc.sp, m, layers=layers,
+                                first=first, last=last, act_bytes=act,
+                                param_bytes=precision.grad_bytes, recompute=work.recompute,
+                                norm_shards=pc.dp * pc.cp if pc.zero >= 1 else 1)
+    cp = cp_wire_bytes_per_step(model, b, s, pc.cp, pc.cp_impl, m, tp=pc.tp, n_layers=layers,
+                                dtype_bytes=act, recompute=work.recompute)
+    pp = pipeline_bytes(model, pc, work, precision, stage)
+    params = local_param_count(model, pc.tp, layers, first, last)
+    dp = dp_bytes(params, pc.dp * pc.cp, pc.zero, m, precision.reduce_bytes, precision.param_bytes)
+    return {"tp": tp, "cp": cp, "pp": pp, "dp": dp}

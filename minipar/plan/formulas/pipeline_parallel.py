@@ -1,0 +1,90 @@
+"""Pipeline parallelism's closed forms: the bubble, the bytes, what is in flight.
+
+Chapter "Pipeline parallelism". Torch-free, like every file of `minipar.plan.formulas`.
+"""
+from __future__ import annotations
+
+from ..config import SCHEDULES, ConfigError, unknown
+from .collectives import wire_bytes
+
+
+def bubble_fraction(schedule: str, pp: int, m: int, v: int = 1, t_f: float = 1.0,
+                    t_b: float = 1.0, t_w: float = 1.0) -> float:
+    """The closed-form bubble fraction (idle / (makespan x ranks)) of a schedule.
+
+    p = pp ranks, m micro-batches, v chunks per rank. Each rank does m v T of work, T = t_f +
+    t_b + t_w per micro-batch and chunk, and waits p-1 "slots" in all: while the first
+    micro-batch fills the pipeline and the last drains it.
+      afab, 1f1b:  a slot is a whole T: (p-1)/(m+p-1), for any times.
+      interleaved: the slot is one chunk, 1/v of the rank's layers: (p-1)/(v m+p-1).
+      zb (ZB-H1):  the weight-gradient passes W fill the drain, leaving slots of
+                   t_f + t_b - t_w; with the three passes equally long (the default) a slot
+                   shrinks to a third: (p-1)/(3m+p-1).
+    Exact (checked by `simulate` in the tests) for afab and 1f1b always; for interleaved when
+    m is a multiple of p (and of the consecutive N >= p); for zb when m >= p and
+    t_w <= min(t_f, t_b).
+    """
+    if schedule not in SCHEDULES:
+        raise ConfigError(unknown("--schedule", schedule, SCHEDULES))
+    p = pp
+    if p == 1:
+        return 0.0
+    if schedule == "zb":
+        slot, t = t_f + t_b - t_w, t_f + t_b + t_w
+        return (p - 1) * slot / (m * t + (p - 1) * slot)
+    v = v if schedule == "interleaved" else 1
+    return (p - 1) / (v * m + p - 1)
+
+
+def pp_bytes(tokens: int, dim: int, pp: int, microbatches: int, act_bytes: int,
+             stage: int = 0, virtual_stages: int = 1, sp_tp: int = 1) -> int:
+    """Pipeline bytes pipeline rank `stage` sends per step.
+
+    Per micro-batch and model chunk: the activations [tokens, dim] forward to the next stage,
+    their gradient backward to the previous one; no send from the last global stage forward
+    or from the first one backward. With sequence parallelism (`sp_tp` = tp) the residual
+    stream is already split over the TP ranks, and each sends only its 1/tp.
+    """
+    if pp == 1:
+        return 0
+    v = virtual_stages
+    forward_sends = v - (1 if stage == pp - 1 else 0)
+    backward_sends = v - (1 if stage == 0 else 0)
+    size = tokens * dim * act_bytes // sp_tp
+    return microbatches * (forward_sends + backward_sends) * wire_bytes("send", pp, size)
+
+
+def in_flight_microbatches(schedule: str, pp: int, microbatches: int, stage: int = 0,
+                           virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations pipeline rank `stage` holds at its peak, in units of
+    "one micro-batch through all of the rank's layers".
+
+    afab: all m. 1f1b and zb: the p - stage forwards before the first backward. Interleaved
+    (Megatron): N (v-1) + 2 (p-1-stage) + 1 chunk-forwards in flight, N = p, over v chunks:
+    p + (p-1)/v on the first rank.
+    """
+    m, p, v = microbatches, pp, virtual_stages
+    if p == 1:
+        return 1
+    if schedule == "afab":
+        return m
+    if schedule == "interleaved" and v > 1:
+        return sum(in_flight_chunks(schedule, p, m, stage, v)) / v
+    if schedule == "zb":      # W waits: every rank holds up to p (ZB-H1's memory bound)
+        return min(m, p)
+    return min(m, p - stage)
+
+
+def in_flight_chunks(schedule: str, pp: int, microbatches: int, stage: int = 0,
+                     virtual_stages: int = 1) -> list[int]:
+    """Micro-batches in flight on each of pipeline rank `stage`'s chunks at its peak (the
+    first chunk of rank 0 holds the embedding, the last chunk of the last rank the head:
+    how many of *those* are in flight decides what they add). Interleaved: the warm-up's
+    forwards go chunk by chunk in groups of p micro-batches (Megatron's order), so forward k
+    belongs to chunk (k // p) mod v."""
+    m, p, v = microbatches, pp, virtual_stages
+    if schedule != "interleaved" or v == 1 or p == 1:
+        return [int(in_flight_microbatches(schedule, p, m, stage))] * v
+    total = min(p * (v - 1) + 2 * (p - 1 - stage) + 1, m * v)
+    group = min(m, p)
+    return [sum(1 for k in range(total) if (k // group) % v == c) for c in range(v)]

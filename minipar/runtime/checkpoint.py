@@ -1,0 +1,508 @@
+"""Checkpoints: save the training state as the ranks hold it, resume it in any layout.
+
+Chapter "Failures at scale".
+
+A checkpoint is one directory per save, named by the number of steps done:
+
+    DIR/step_000010/rank_00000.pt ...  what each rank holds: its slices of the parameters
+                                       and of AdamW's m and v, each labelled with where it
+                                       lies in the full tensor
+                    rng.pt             every rank's random-number-generator state
+                    history.jsonl      rank 0's per-step records so far (the loss curve)
+                    manifest.json      written last: the layout it was saved from, the
+                                       model, the step, every file's size and SHA-256
+    DIR/latest                         the name of the newest complete checkpoint
+
+What else does a run need to continue exactly? The learning rate and the data are pure
+functions of the step (`train.lr_at`, `data.py`), so the step *is* their state. AdamW's
+state is m, v and its step count (the loop builds the optimizer and hands it to `save` and
+`load`). Nothing in minipar's loop draws random numbers (no dropout), but the RNG state is
+kept for whoever adds something that does.
+
+**Atomic.** Every rank writes into `step_000010.tmp/`; rank 0 writes the manifest last,
+renames the directory to `step_000010` (a rename is atomic) and then replaces `latest` the
+same way (write `latest.tmp`, `os.replace`). A crash at any moment leaves either the old
+checkpoint or the new one, never half of one: a reader follows `latest`, and `latest` only
+ever names a directory whose manifest was written after everything it lists.
+
+**Resharding.** Each saved slice says which part of the global tensor it is: TP shards are
+contiguous chunks along the parameter's `_tp_dim` (`tensor.shard_param`), ZeRO pieces are
+flat ranges of the TP-local tensor (`FlatShards.piece_range`), pipeline stages name their
+layers by global index. Loading rebuilds each full tensor from the slices that hold it and
+cuts it again the way the *new* layout cuts it, so a run saved at tp2 x pp2 resumes at
+dp2 x cp2, or ZeRO-3 resumes without ZeRO. Replicated tensors (over DP without ZeRO, over
+TP for norms) are saved once: by the rank whose copy counts (`grid.counts`).
+
+At scale this is how a checkpoint of Llama 3 405B works too (each GPU writes its own
+state, 1 MB to 4 GB of it, in parallel); a real implementation streams tensors instead of
+rebuilding whole ones in memory, and resharding reads only the byte ranges it needs.
+"""
+
+import dataclasses
+import fcntl
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from ..trainer import comm
+from ..plan.config import ConfigError, ModelConfig
+
+FORMAT = "minipar-checkpoint/1"
+MANIFEST, LATEST, HISTORY, RNG = "manifest.json", "latest", "history.jsonl", "rng.pt"
+ADAM = ("exp_avg", "exp_avg_sq")     # AdamW's m and v, saved beside each slice of a parameter
+MARK = ".minipar"     # in each directory minipar made: what is in it is minipar's to replace
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint is missing, incomplete, corrupt or of another model; names the file."""
+
+# ================================================================ where checkpoints are
+def check_out_dir(flag: str, path: str, own: bool = True, replaced: bool = False) -> None:
+    """`path` can take minipar's output, before any rank starts: not a file; with `own`, a
+    new or empty directory or one with minipar's MARK (a directory of the user's files is
+    refused, never emptied), and one `replaced` whole (an export) holds no checkpoints; and
+    writable, proved by a probe file made and removed in it (`replaced`: in the directory
+    above, where it is renamed into place) or, for a new one, in the nearest directory above
+    it that exists. `os.access` would say yes to root even under /proc."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a file, not a directory")
+    names = os.listdir(path) if own and os.path.isdir(path) else []
+    if names and (MARK not in names or replaced and LATEST in names):
+        raise ConfigError(f"{flag} {path} holds files minipar may not replace (no {MARK}"
+                          f"{', or checkpoints' if replaced else ''}): give a new or empty one")
+    where = os.path.dirname(os.path.abspath(path)) if replaced else os.path.abspath(path)
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    try:        # a file with no name (or one removed at once), and one byte: a full disk too
+        with tempfile.TemporaryFile(dir=where, buffering=0) as probe:
+            probe.write(b"\n")
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write in {where}: {e.strerror}") from None
+
+
+def claim(root: str):
+    """The --save directory `root` is this run's (made, with its MARK, if new) for as long
+    as the returned file is open: an exclusive `flock` on MARK, which holds the owner's pid.
+    The kernel drops the lock when its owner dies, so a crashed run never keeps it; a second
+    run on `root` is refused instead of writing into the same `step_N.tmp`."""
+    os.makedirs(root, exist_ok=True)
+    mark = open(os.path.join(root, MARK), "a+")
+    try:
+        fcntl.flock(mark, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"--save {root} is in use by another run "
+                          f"({open(mark.name).read().strip()}): one run per directory") from None
+    mark.truncate(0)
+    print(f"minipar --save, pid {os.getpid()}", file=mark, flush=True)
+    return mark
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def latest(root: str | None) -> str | None:
+    """The newest complete checkpoint under `root` (what `latest` names), or None."""
+    pointer = os.path.join(root or "", LATEST)
+    if not root or not os.path.isfile(pointer):
+        return None
+    # bytes that are not UTF-8 are not a step_N name either (the check below says so)
+    name = _read(pointer, "checkpoint pointer").decode(errors="replace").strip()
+    if name and (os.sep in name or not name.startswith("step_")):
+        raise CheckpointError(f"checkpoint pointer {pointer} names {name[:40]!r}, "
+                              "not a step_N directory")
+    return os.path.join(root, name) if name else None
+
+
+def resolve(path: str) -> str:
+    """A checkpoint directory from what --resume was given: the directory itself (it has
+    a manifest), or a --save directory, whose `latest` names one (whose manifest
+    `read_manifest` then reads, naming it if it is not there)."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"--resume {path}: no such directory")
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    step_dir = latest(path)
+    if step_dir is None:
+        raise CheckpointError(f"--resume {path}: no checkpoint there "
+                              f"(neither a {MANIFEST} nor a `{LATEST}` pointer)")
+    return step_dir
+
+
+def step_of(path: str | None) -> int:
+    """The step a run resuming from `path` (None: from scratch) starts at."""
+    return 0 if path is None else read_manifest(resolve(path))["step"]
+
+
+# What a manifest must hold, and of which type: anything else is a damaged or foreign file.
+MANIFEST_KEYS = {"format": str, "step": int, "world_size": int, "layout": dict, "model": dict,
+                 "train": dict, "files": dict}
+
+
+def read_manifest(step_dir: str) -> dict:
+    path = os.path.join(step_dir, MANIFEST)
+    where = f"checkpoint file {path}"      # every message names the file
+    try:
+        manifest = json.loads(_read(path).decode())
+    except ValueError as e:     # bad UTF-8 or bad JSON
+        raise CheckpointError(f"{where} is unreadable: {str(e).splitlines()[0]}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where} holds a JSON {type(manifest).__name__}, "
+                              "not the manifest's object")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    for key, kind in MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), kind):
+            raise CheckpointError(f"{where}: `{key}` is missing or not a {kind.__name__}")
+    for name, info in manifest["files"].items():
+        if not (isinstance(info, dict) and isinstance(info.get("bytes"), int)
+                and isinstance(info.get("sha256"), str) and os.sep not in name):
+            raise CheckpointError(f"{where}: its entry for {name!r} lacks bytes or sha256")
+    for name in (RNG, HISTORY):      # what every rank reads besides rank files
+        if name not in manifest["files"]:
+            raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} is not in "
+                                  "its manifest")
+    return manifest
+
+
+def check_files(step_dir: str, manifest: dict) -> None:
+    """Every file the manifest lists is there, with its size and its SHA-256, before any
+    rank starts: a rank file whose rank holds no tensors is verified too, and a damaged one
+    costs no start-up. Sizes first (cheap: a missing or truncated file is named without
+    reading anything), then the checksums, a file at a time."""
+    for name, info in manifest["files"].items():
+        path = os.path.join(step_dir, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"checkpoint file {path} is missing")
+        if os.path.getsize(path) != info["bytes"]:
+            raise CheckpointError(f"checkpoint file {path} is {os.path.getsize(path)} bytes, the "
+                                  f"manifest says {info['bytes']} (truncated or overwritten)")
+    for name in manifest["files"]:
+        read_verified(step_dir, name, manifest)
+
+
+def read_verified(step_dir: str, name: str, manifest: dict) -> bytes:
+    """A file's bytes, after checking them against the manifest's SHA-256 (a rank checks
+    every file it reads; `check_files` checked the sizes before any rank started)."""
+    path = os.path.join(step_dir, name)
+    data = _read(path)
+    if hashlib.sha256(data).hexdigest() != manifest["files"][name]["sha256"]:
+        raise CheckpointError(f"checkpoint file {path} is corrupt: its SHA-256 differs from the "
+                              "manifest's")
+    return data
+
+
+def _read(path: str, what: str = "checkpoint file") -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise CheckpointError(f"{what} {path} is unreadable: {e}") from None
+
+
+def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
+    """What --resume needs before any process starts: a complete checkpoint of this model
+    at a step not beyond --steps. Returns its manifest."""
+    step_dir = resolve(path)
+    manifest = read_manifest(step_dir)
+    check_files(step_dir, manifest)
+    # a field the checkpoint predates has its default there (the model it was saved from)
+    saved = {**dataclasses.asdict(ModelConfig()), **manifest["model"]}
+    differ = ", ".join(f"{k}={saved[k]} (now {v})" for k, v in dataclasses.asdict(model).items()
+                       if k != "name" and saved[k] != v)
+    if differ:
+        raise CheckpointError(f"--resume {path}: the checkpoint is of another model: {differ}")
+    if manifest["step"] > steps:
+        raise CheckpointError(f"--resume {path}: the checkpoint is at step {manifest['step']}, "
+                              f"beyond --steps {steps}")
+    return manifest
+
+
+# What a step *means*: the tokens it reads are a pure function of these (and of the step).
+# A resumed run that changes one of them continues another run's curve.
+MEANING = {"seq_len": "--seq-len", "global_batch": "--global-batch", "data": "--data",
+           "seed": "--seed"}
+# What the manifest records of the run (with the data's digest): `MEANING`'s and the schedule's
+TRAIN_KEYS = ("seed", "global_batch", "seq_len", "lr", "warmup_steps", "decay_steps",
+              "min_lr_ratio", "weight_decay", "clip", "data", "init_hf")
+
+
+def data_digest(path: str | None) -> str | None:
+    """The --data file's SHA-256 (None: synthetic data): the same text under another path
+    is the same data, another text under the same path is not."""
+    return None if path is None else hashlib.sha256(_read(path)).hexdigest()
+
+
+def meaning_changes(manifest: dict, cfg) -> dict:
+    """{flag: [the checkpoint's value, this run's]} for each of `MEANING` that differs.
+    The data is compared by its digest, not by its path."""
+    saved = {**manifest["train"], "data": manifest["train"].get("data_sha256")}
+    now = {**{k: getattr(cfg, k) for k in MEANING}, "data": data_digest(cfg.data)}
+    return {MEANING[k]: [saved.get(k), now[k]] for k in MEANING if saved.get(k) != now[k]}
+
+
+def check_flags(cfg) -> None:
+    """What --resume names on disk, before any rank starts (`preflight.check_run`, which
+    also checks --save with `check_out_dir`; the flags' own rules, --save-every's among
+    them, are `TrainConfig.problems`): a checkpoint of this model whose steps meant what
+    this run's mean."""
+    if cfg.resume is not None:
+        changes = meaning_changes(check_resume(cfg.resume, cfg.model_config(), cfg.steps), cfg)
+        if changes and not cfg.resume_allow_change:
+            what = ", ".join(f"{flag} {_short(old)} (now {_short(new)})"
+                             for flag, (old, new) in changes.items())
+            raise CheckpointError(f"--resume {cfg.resume}: the checkpoint was trained with "
+                                  f"{what}; continuing would splice another run's curve onto "
+                                  "it (--resume-allow-change to do it anyway)")
+
+
+def _short(v):
+    return f"sha256:{v[:12]}" if isinstance(v, str) and len(v) == 64 else v
+
+
+# ================================================================ what a rank holds
+def named_params(chunks, model: ModelConfig) -> list[tuple[str, torch.nn.Parameter]]:
+    """(name, parameter) of every piece of the model. With tied embeddings the head *is*
+    the embedding: one tensor, one name, wherever a pipeline stage keeps its copy."""
+    tied = {"lm_head.weight": "embed_tokens.weight"} if model.tie_embeddings else {}
+    return [(tied.get(n, n), p) for m in chunks for n, p in m.named_parameters()]
+
+
+def shard_entries(chunks, dp, optimizer, grid, model: ModelConfig):
+    """This rank's slices of every parameter it saves, one at a time, with AdamW's m, v and
+    step, each labelled with where it lies in the global tensor. What a rank holds of a parameter is
+    `dp.shard_of(p)`: all of it, or (ZeRO) its piece. Copies of one tensor are saved once,
+    by the rank whose copy counts, as the gradient norm counts it once."""
+    for name, p in named_params(chunks, model):
+        shard = dp.shard_of(p)
+        if shard.start == shard.stop or not grid.counts(p, dp.holds_replicas):
+            continue
+        tp_dim = getattr(p, "_tp_dim", None)
+        tp_rank, tp_size = (grid.tp.rank, grid.tp.size) if tp_dim is not None else (0, 1)
+        entry = {"name": name, "shape": list(shard.shape), "start": shard.start,
+                 "stop": shard.stop, "tp_dim": tp_dim, "tp_rank": tp_rank, "tp_size": tp_size,
+                 # a copy: a view would drag its whole storage (the full parameter) along
+                 "param": shard.data.detach().reshape(-1).to("cpu", copy=True)}
+        state = optimizer.state.get(shard.key)
+        if state:
+            entry.update(adam_step=float(state["step"]),
+                         **{k: state[k].detach().reshape(-1).to("cpu", copy=True) for k in ADAM})
+        yield entry
+
+
+# ================================================================ reassembling and cutting
+def full_tensor(entries: list[dict], key: str = "param") -> torch.Tensor:
+    """The global tensor `key` of one parameter from the slices that hold it: pieces fill
+    the flat ranges of each TP shard, TP shards are concatenated along their dim. Copies of
+    one slice (a tied head, say) are harmless: they are equal. Every TP shard has the
+    same shape (the layout's rules make tp divide the dim it cuts)."""
+    first = entries[0]
+    shape, tp_dim = first["shape"], first["tp_dim"]
+    shards = []
+    for t in range(first["tp_size"]):
+        flat = torch.empty(math.prod(shape), dtype=first[key].dtype)
+        covered = torch.zeros(flat.numel(), dtype=torch.bool)
+        for piece in (e for e in entries if e["tp_rank"] == t):
+            flat[piece["start"]:piece["stop"]] = piece[key]
+            covered[piece["start"]:piece["stop"]] = True
+        if not covered.all():
+            raise CheckpointError(f"{first['name']}: {int((~covered).sum())} of its elements "
+                                  f"(TP shard {t}) are in no file of the checkpoint")
+        shards.append(flat.view(shape))
+    return torch.cat(shards, dim=tp_dim) if tp_dim is not None else shards[0]
+
+
+def full_state(entries: list[dict]) -> dict[str, torch.Tensor]:
+    """Every parameter's full tensor from the slices (`shard_entries`) that hold it,
+    whichever ranks saved them."""
+    by_name = defaultdict(list)
+    for e in entries:
+        by_name[e["name"]].append(e)
+    return {name: full_tensor(es) for name, es in by_name.items()}
+
+
+def tp_local(full: torch.Tensor, tp_dim: int | None, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """The TP rank's part of a global tensor, cut exactly as `tensor.shard_param` cuts it."""
+    return full if tp_dim is None else full.chunk(tp_size, dim=tp_dim)[tp_rank]
+
+
+# ================================================================ files
+def _write(path: str, data: bytes) -> dict:
+    """Write and fsync; return what the manifest records of the file."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _fsync_dir(path: str) -> None:
+    # a rename is atomic at once, but durable (survives a power cut) only once the
+    # directory holding it is on disk
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_torch(step_dir: str, name: str, manifest: dict):
+    data = read_verified(step_dir, name, manifest)
+    try:
+        # weights_only: tensors, numbers, strings, lists and dicts, never arbitrary code
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} "
+                              f"cannot be loaded: {e}") from None
+
+
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+# ================================================================ save and load
+def save(root: str, step: int, chunks, dp, optimizer, grid, cfg, history: list[dict]) -> str:
+    """Every rank calls this after `step` steps are done; returns the checkpoint directory.
+
+    Each rank writes its own file into a temporary directory; rank 0, once every rank has
+    reported its file's size and checksum, writes the manifest, renames the directory into
+    place and points `latest` at it.
+    """
+    final = os.path.join(root, step_dir_name(step))
+    tmp = final + ".tmp"
+    with comm.paused():
+        if grid.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)     # left by a save that crashed
+            os.makedirs(tmp)                           # (and `root`, the first time)
+        dist.barrier()
+        name = f"rank_{grid.rank:05d}.pt"
+        entries = list(shard_entries(chunks, dp, optimizer, grid, cfg.model_config()))
+        info = _write_shard(os.path.join(tmp, name), entries, grid)
+        reports = [None] * grid.world_size
+        dist.all_gather_object(reports, (name, info, _rng_state()))
+        # a file that could not be written (a full disk): every rank knows it from the reports
+        failed = [next((i["error"] for _, i, _ in reports if "error" in i), None)]
+        if grid.rank == 0 and not failed[0]:
+            try:
+                _commit(root, tmp, final, step, cfg, reports, history)
+            except OSError as e:
+                failed[0] = f"{e.filename}: {e.strerror}"
+        dist.broadcast_object_list(failed, src=0)    # nobody goes on before it is complete
+    if failed[0]:         # no checkpoint: the one before stays `latest`, the debris goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"--save {root}: could not write the checkpoint of step {step} "
+                              f"({sum(i['bytes'] for _, i, _ in reports)} bytes): {failed[0]}; "
+                              f"the latest checkpoint is still {latest(root) or 'none'}")
+    return final
+
+
+def _write_shard(path: str, entries: list[dict], grid) -> dict:
+    """One rank's file; returns what the manifest records of it, or (a full disk, say: the
+    others must hear of it, not wait in the collective for a rank that raised) its size and
+    the error."""
+    data = _torch_bytes({"rank": grid.rank, "entries": entries})
+    try:
+        info = _write(path, data)
+    except OSError as e:
+        return {"bytes": len(data), "error": f"{path}: {e.strerror}"}
+    info.update(rank=grid.rank, coords=grid.coords(grid.rank),
+                names=sorted({e["name"] for e in entries}))
+    return info
+
+
+def replace_dir(tmp: str, final: str) -> None:
+    """Move the complete directory `tmp` to `final`. When `final` exists: two renames, not
+    one (a directory cannot replace a non-empty one); between them `final` is briefly
+    missing, but whatever points at it (`latest`) is written only after both. The old one
+    goes to a new, empty name (nobody's file is in the way) and is removed last."""
+    old = tempfile.mkdtemp(suffix=".old", dir=os.path.dirname(os.path.abspath(final)))
+    if os.path.exists(final):
+        os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _commit(root, tmp, final, step, cfg, reports, history):
+    files = {name: info for name, info, _ in reports}
+    files[RNG] = _write(os.path.join(tmp, RNG), _torch_bytes([rng for _, _, rng in reports]))
+    files[HISTORY] = _write(os.path.join(tmp, HISTORY),
+                            "".join(json.dumps(r) + "\n" for r in history).encode())
+    train = {**{k: getattr(cfg, k) for k in TRAIN_KEYS}, "data_sha256": data_digest(cfg.data)}
+    manifest = {"format": FORMAT, "step": step, "world_size": len(reports),
+                "layout": cfg.parallel.as_dict(), "model": dataclasses.asdict(cfg.model_config()),
+                "train": train, "files": files}
+    _write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
+    _fsync_dir(tmp)
+    # saved before? a run resumed from an older checkpoint passes this step again
+    replace_dir(tmp, final)
+    pointer = os.path.join(root, LATEST + ".tmp")
+    _write(pointer, (os.path.basename(final) + "\n").encode())
+    os.replace(pointer, os.path.join(root, LATEST))
+    _fsync_dir(root)
+
+
+def load(path: str, chunks, dp, optimizer, grid, model: ModelConfig) -> tuple[int, list[dict]]:
+    """Every rank calls this after building its model pieces (in any layout). Fills the
+    parameters and AdamW's state with the checkpoint's; returns (the step to continue
+    from, the records of the steps before it)."""
+    step_dir = resolve(path)
+    manifest = read_manifest(step_dir)
+    mine = named_params(chunks, model)
+    needed = {name for name, _ in mine}
+    entries = defaultdict(list)     # the slices of each parameter, from the files that hold any
+    for fname, info in manifest["files"].items():
+        if fname.startswith("rank_") and needed.intersection(info["names"]):
+            for e in load_torch(step_dir, fname, manifest)["entries"]:
+                entries[e["name"]].append(e)
+    with torch.no_grad():      # every name is there: `check_resume` found the same model
+        for name, p in mine:
+            _restore(p, entries[name], dp, optimizer, grid)
+    _restore_rng(step_dir, manifest, grid)
+    history = [json.loads(line) for line in
+               read_verified(step_dir, HISTORY, manifest).decode().splitlines() if line]
+    return manifest["step"], history
+
+
+def _restore(p, entries, dp, optimizer, grid):
+    shard, tp_dim = dp.shard_of(p), getattr(p, "_tp_dim", None)
+    # this layout's TP-local tensor of each key saved (the weight; AdamW's m and v), ...
+    local = {k: tp_local(full_tensor(entries, k), tp_dim, grid.tp.rank, grid.tp.size)
+             for k in ("param", *ADAM) if k in entries[0]}
+    # ... and the piece of it this rank holds (all of it, or its ZeRO range)
+    piece = {k: t.reshape(-1)[shard.start:shard.stop] for k, t in local.items()}
+    if p.shape == shard.shape:
+        p.data.copy_(local["param"])     # whole here (ZeRO-1/2 pieces are views of it)
+    # ZeRO-3 holds the whole parameter only while a unit runs: its piece is the only copy
+    shard.data.copy_(piece["param"])
+    if "exp_avg" in piece:
+        optimizer.state[shard.key] = {
+            "step": torch.tensor(entries[0]["adam_step"], dtype=torch.float32),
+            **{k: piece[k].to(shard.key.device, copy=True).view(shard.key.shape) for k in ADAM}}
+
+
+def _restore_rng(step_dir, manifest, grid):
+    """The same layout gets back each rank's own state; another layout has no such thing
+    as "the same rank", and every rank takes rank 0's."""
+    states = load_torch(step_dir, RNG, manifest)
+    same = all(manifest["layout"][k] == n for k, n in grid.sizes.items())
+    state = states[grid.rank if same else 0]
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,315 @@
+"""Hugging Face directories in and out: `config.json` plus safetensors, read a slice per rank.
+
+Chapter "Real models in and out".
+
+Every Llama is published as a directory: `config.json` (the shape: `model_config` reads it
+into a `ModelConfig` and refuses any field this model does not implement, `to_hf` writes
+it back) and the weights in safetensors files,
+one `model.safetensors` or several shards listed by `model.safetensors.index.json`
+(tensor name -> file). A safetensors file is a JSON header (each tensor's name, dtype,
+shape and byte offsets) followed by the raw bytes, so a reader can fetch *part* of a
+tensor without reading the rest: `safe_open(file).get_slice(name)[rows, cols]`.
+
+That is how a rank loads its piece (`load_weights`): tensor parallelism tells it which rows
+(column-parallel, the vocabulary) or columns (row-parallel) of each matrix it holds, the
+pipeline stage which layers, ZeRO which flat range of those. Each rank reads exactly those
+bytes and nothing else, which is how the 810 GB of a 405B checkpoint get onto 16K GPUs:
+no rank ever holds the whole model. (Here the slices are copied into a model that
+`parallelize` first initialised from the seed; a 405B loader builds it on the meta device.)
+
+Going out (`save_pretrained`), the full tensors are written under Hugging Face's names with a
+`config.json` that `LlamaForCausalLM.from_pretrained` reads; the directory is written
+under a temporary name and renamed into place, like a checkpoint. `--export-hf DIR` does it
+at the end of a run (`export_run`): the ranks' slices are gathered to rank 0 and put back
+together as a checkpoint's are (`checkpoint.full_state`); `python -m minipar.export`
+(`export.py`) reads them from a checkpoint's files instead.
+"""
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from ..trainer import comm
+from .checkpoint import ADAM, MARK, full_state, named_params, replace_dir, shard_entries
+from ..plan.config import ConfigError, ModelConfig, TrainConfig
+from ..trainer.model import Transformer
+
+WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+IGNORED = ("rotary_emb.inv_freq",)     # a buffer older transformers saved: computed, not learned
+
+
+def hf_name(name: str) -> str:
+    """minipar's name of a weight -> Hugging Face's: `LlamaForCausalLM` keeps everything but
+    the head under `model.` (the reference model's module names are Hugging Face's)."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+# ================================================================ config.json <-> ModelConfig
+# The config.json fields that must be present, and the values minipar's Llama implements of
+# those that change the architecture (silu: SwiGLU's gate; no dropout). Anything else is
+# another model.
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+            "vocab_size")
+SUPPORTED = {"architectures": (["LlamaForCausalLM"], None, []), "model_type": ("llama",),
+             "hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,),
+             "attention_dropout": (0, 0.0)}
+# ModelConfig's fields under config.json's names, and the values taken where a config.json
+# leaves one out (num_key_value_heads: one per query head, plain multi-head attention)
+HF_NAMES = {"n_layers": "num_hidden_layers", "dim": "hidden_size",
+            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
+            "ffn_dim": "intermediate_size", "vocab_size": "vocab_size",
+            "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
+            "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
+HF_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+# Llama 3.1's RoPE scaling: ModelConfig's fields under the names of its `rope_scaling`
+LLAMA3_ROPE = {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",
+               "rope_high_freq_factor": "high_freq_factor",
+               "rope_original_max_len": "original_max_position_embeddings"}
+
+
+# where a config.json gives the rotary embedding's parameters: the older `rope_scaling` (with
+# a top-level `rope_theta`) or transformers 5's `rope_parameters`; transformers reads the first
+ROPE_KEYS = ("rope_scaling", "rope_parameters")
+# the kind of value each field holds (ModelConfig's type of it), and the test of a JSON value
+KIND = {name: type(getattr(ModelConfig, ours)) for ours, name in (HF_NAMES | LLAMA3_ROPE).items()}
+KINDS = {int: ("a positive integer", lambda v: type(v) is int and v > 0),    # true is no count
+         float: ("a finite number > 0", lambda v: type(v) in (int, float) and 0 < v < math.inf),
+         bool: ("true or false", lambda v: type(v) is bool)}
+
+
+def rope_parameters(hf: dict) -> dict:
+    """The rotary embedding's parameters, read as transformers reads them (`ROPE_KEYS`); with
+    its `rope_type` ("default": plain RoPE, the legacy key is `type`) and `rope_theta`."""
+    rope = next((hf[k] for k in ROPE_KEYS if hf.get(k)), {})
+    return {"rope_theta": hf.get("rope_theta", 10000.0), "rope_type": rope.get("type", "default"),
+            **rope}
+
+
+def config_problems(hf: dict) -> list[str]:
+    """Each field of a Hugging Face Llama config that this model does not implement, or that
+    is not of its kind (`KIND`). Every RoPE type given is checked, whichever key holds it."""
+    if not isinstance(hf, dict) or not all(isinstance(hf.get(k) or {}, dict) for k in ROPE_KEYS):
+        return [f"must be a JSON object, its {' and '.join(ROPE_KEYS)} objects or null"]
+    out = [f"missing field {k!r}" for k in REQUIRED if hf.get(k) is None]
+    out += [f"{key}={hf[key]!r} is not supported (minipar's Llama has {allowed[0]!r})"
+            for key, allowed in SUPPORTED.items() if key in hf and hf[key] not in allowed]
+    out += [f"{k}: rope_type={t!r} is not supported (plain RoPE, or Llama 3.1's 'llama3')"
+            for k in ROPE_KEYS for t in {(hf.get(k) or {}).get(w, "default") for w in
+                                         ("rope_type", "type")} - {"default", "llama3"}]
+    rope = rope_parameters(hf)
+    out += [f"rope_scaling: rope_type 'llama3' needs {k!r}" for k in LLAMA3_ROPE.values()
+            if rope["rope_type"] == "llama3" and k not in rope]
+    out += [f"{k}={v!r} must be {KINDS[KIND[k]][0]}" for k, v in {**hf, **rope}.items()
+            if k in KIND and v is not None and not KINDS[KIND[k]][1](v)]
+    if not out:
+        head_dim = hf["hidden_size"] // hf["num_attention_heads"]
+        if hf.get("head_dim") not in (None, head_dim):
+            out.append(f"head_dim={hf['head_dim']} is not supported: minipar's is hidden_size / "
+                       f"num_attention_heads = {head_dim}")
+    return out
+
+
+def model_config(hf: dict, source: str = "config.json") -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face `LlamaConfig` (its `to_dict()` or config.json).
+    A field this model does not implement is a `ConfigError` naming it (`config_problems`):
+    better no run than a quiet run of another model."""
+    if out := config_problems(hf):
+        raise ConfigError(f"{source}: {'; '.join(out)}")
+    rope = rope_parameters(hf)
+    given = {**HF_DEFAULTS, "num_key_value_heads": hf["num_attention_heads"],
+             **{k: v for k, v in hf.items() if v is not None},
+             "rope_theta": float(rope["rope_theta"])}
+    scaled = LLAMA3_ROPE if rope["rope_type"] == "llama3" else {}
+    return ModelConfig(**{ours: given[theirs] for ours, theirs in HF_NAMES.items()},
+                       **{ours: rope[theirs] for ours, theirs in scaled.items()},
+                       name=hf.get("_name_or_path") or "hf")
+
+
+def read_config(path: str) -> ModelConfig:
+    """The model of a Hugging Face directory, from its config.json (`--init-hf DIR`)."""
+    file = os.path.join(path, CONFIG)
+    if not os.path.isdir(path):
+        raise ConfigError(f"--init-hf {path}: no such directory")
+    try:
+        with open(file) as f:
+            hf = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--init-hf {path}: no config.json in the directory") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--init-hf {file}: unreadable: {str(e).splitlines()[0]}") from None
+    return model_config(hf, source=f"--init-hf {file}")
+
+
+def with_model(cfg: TrainConfig) -> TrainConfig:
+    """The run with --init-hf's model read (`TrainConfig.init_model`); without --init-hf,
+    `cfg` itself."""
+    return dataclasses.replace(cfg, init_model=read_config(cfg.init_hf)) if cfg.init_hf else cfg
+
+
+def to_hf(mcfg: ModelConfig) -> dict:
+    """The inverse of `model_config`: config.json, which `LlamaForCausalLM.from_pretrained`
+    reads and `transformers.LlamaConfig(**d)` accepts."""
+    scaling = {"rope_type": "llama3", **{theirs: getattr(mcfg, ours)
+                                         for ours, theirs in LLAMA3_ROPE.items()}}
+    return {"torch_dtype": "float32",
+            **{key: allowed[0] for key, allowed in SUPPORTED.items()},
+            **{theirs: getattr(mcfg, ours) for ours, theirs in HF_NAMES.items()},
+            "rope_scaling": None if mcfg.llama3_rope is None else scaling}
+
+
+# ================================================================ reading: where and what
+def weight_files(path: str) -> dict[str, str]:
+    """Weight name -> the file that holds it: the index's `weight_map`, or every tensor of
+    the single `model.safetensors` (a computed buffer, `IGNORED`, is no weight). A file the
+    index names must exist."""
+    index = os.path.join(path, INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"--init-hf {index}: unreadable index: {e!r}") from None
+        for file in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(path, file)):
+                raise ConfigError(f"--init-hf {path}: {file} is named by {INDEX} but absent")
+        return {name: os.path.join(path, file) for name, file in weight_map.items()
+                if not name.endswith(IGNORED)}
+    single = os.path.join(path, WEIGHTS)
+    if not os.path.isfile(single):
+        raise ConfigError(f"--init-hf {path}: neither {WEIGHTS} nor {INDEX} in the directory")
+    with _open(single) as f:
+        return {name: single for name in f.keys() if not name.endswith(IGNORED)}
+
+
+def _open(file: str):
+    try:
+        return safe_open(file, framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"--init-hf {file}: not a readable safetensors file ({e})") from None
+
+
+def check_dir(path: str, mcfg: ModelConfig) -> None:
+    """Before any rank starts: every tensor the model needs is in a file, with the shape
+    config.json implies, and no file holds a weight this model would ignore (a bias, say).
+    Reads the files' headers only."""
+    files = weight_files(path)
+    with torch.device("meta"):      # every weight's shape, under its Hugging Face name; no memory
+        want = {hf_name(k): tuple(v.shape)
+                for k, v in Transformer(mcfg, seed=None).state_dict().items()}
+    # a tied head is the embedding: a copy of it may be saved (of the embedding's shape)
+    optional = {"lm_head.weight"} if mcfg.tie_embeddings else set()
+    for name in want:
+        if name not in files and name not in optional:
+            raise ConfigError(f"--init-hf {path}: tensor {name} is in no file")
+    with contextlib.ExitStack() as stack:
+        opened = _open_all(stack, files.values())
+        for name, file in files.items():
+            if name not in opened[file].keys():
+                raise ConfigError(f"--init-hf {file}: tensor {name} is listed in the index but "
+                                  "not in the file")
+            if name not in want:
+                raise ConfigError(f"--init-hf {file}: tensor {name} is not a weight of this "
+                                  "Llama (biases and other extras are not supported)")
+            shape = tuple(opened[file].get_slice(name).get_shape())
+            if shape != want[name]:
+                raise ConfigError(f"--init-hf {file}: tensor {name} has shape {list(shape)}, "
+                                  f"config.json implies {list(want[name])}")
+
+
+def _open_all(stack: contextlib.ExitStack, files) -> dict:
+    """Each of `files` opened (its header read), closed with `stack`."""
+    return {file: stack.enter_context(_open(file)) for file in sorted(set(files))}
+
+
+# ================================================================ reading: a rank's slices
+def read_piece(sl, local_shape, tp_dim: int | None, tp_rank: int, tp_size: int,
+               start: int, stop: int) -> torch.Tensor:
+    """Elements start:stop (flattened) of this TP rank's part of a stored tensor, reading
+    only what holds them: the TP rank's rows or columns, and of those only the rows that
+    the flat range start:stop touches (a ZeRO piece)."""
+    index = [slice(None)] * len(sl.get_shape())
+    if tp_dim is not None:               # cut as `tensor.shard_param` cuts: contiguous chunks
+        n = sl.get_shape()[tp_dim] // tp_size
+        index[tp_dim] = slice(tp_rank * n, (tp_rank + 1) * n)
+    row = math.prod(local_shape[1:])     # elements in one row of the TP-local tensor
+    lo, hi = start // row, -(-stop // row)
+    first = index[0].start or 0
+    index[0] = slice(first + lo, first + hi)
+    return sl[tuple(index)].reshape(-1)[start - lo * row:stop - lo * row]
+
+
+@torch.no_grad()
+def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, tp_rank: int, tp_size: int):
+    """Copy the directory's weights into what this rank holds of `chunks`: for each
+    parameter, its tensor-parallel part (`_tp_dim`, set by `tensor.shard_param`) and of that
+    its `shard_of(p)` (all of it, or its ZeRO piece), read from the file by slice."""
+    files, params = weight_files(path), named_params(chunks, mcfg)
+    with contextlib.ExitStack() as stack:
+        opened = _open_all(stack, [files[hf_name(name)] for name, _ in params])
+        for name, p in params:
+            shard = shard_of(p)
+            # whole here (plain DP; ZeRO-1/2's pieces are views of it), or ZeRO-3's piece,
+            # the only copy, which may be empty
+            held = p.shape == shard.shape
+            start, stop = (0, p.numel()) if held else (shard.start, shard.stop)
+            if start == stop:
+                continue
+            stored = opened[files[hf_name(name)]].get_slice(hf_name(name))
+            piece = read_piece(stored, shard.shape, getattr(p, "_tp_dim", None), tp_rank,
+                               tp_size, start, stop)
+            (p.data.view(-1) if held else shard.data).copy_(piece)
+
+
+def tokenizer_file(path: str | None) -> str | None:
+    """The directory's `tokenizer.json`, when it has one."""
+    file = os.path.join(path, "tokenizer.json") if path else None
+    return file if file and os.path.isfile(file) else None
+
+
+# ================================================================ writing
+def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
+                    tokenizer_dir: str | None = None) -> str:
+    """Write `state` (full tensors under minipar's names) as a Hugging Face directory:
+    config.json, model.safetensors and, from `tokenizer_dir`, its tokenizer files.
+    Atomic: written into `out.tmp<pid>`, then renamed to `out` (an older `out`, minipar's
+    as its MARK says, is replaced; `checkpoint.check_out_dir` refuses anyone else's)."""
+    # a tied head is the embedding: one tensor, stored once, as transformers does
+    tensors = {hf_name(k): v.detach().to("cpu", torch.float32).contiguous()
+               for k, v in state.items() if not (mcfg.tie_embeddings and k == "lm_head.weight")}
+    out = os.path.abspath(out)        # `--out .` too is a directory that can be renamed
+    os.makedirs(tmp := f"{out}.tmp{os.getpid()}")     # this process's name: nobody's file
+    with open(os.path.join(tmp, MARK), "w") as f:
+        f.write("minipar: a Hugging Face export\n")
+    save_file(tensors, os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(tmp, CONFIG), "w") as f:
+        json.dump(to_hf(mcfg), f, indent=2)
+    for name in TOKENIZER_FILES if tokenizer_dir else ():
+        if os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copy(os.path.join(tokenizer_dir, name), tmp)
+    replace_dir(tmp, out)
+    return out
+
+
+def export_run(out: str, chunks, dp, optimizer, grid, mcfg: ModelConfig,
+               tokenizer_dir: str | None = None) -> None:
+    """`--export-hf DIR` at the end of a run. Collective: every rank sends its slices (the
+    parameters only, not AdamW's state) to rank 0, which puts the full tensors back
+    together and writes the directory."""
+    mine = [{k: v for k, v in e.items() if k not in ADAM}
+            for e in shard_entries(chunks, dp, optimizer, grid, mcfg)]
+    received = [None] * grid.world_size if grid.rank == 0 else None
+    with comm.paused():
+        dist.gather_object(mine, received, dst=0)
+        if grid.rank == 0:
+            state = full_state([e for entries in received for e in entries])
+            save_pretrained(state, mcfg, out, tokenizer_dir)
+        dist.barrier()          # nobody reports the run done before the directory exists
