@@ -18,10 +18,8 @@ def run_layout(steps: int = STEPS, capture_grads: bool = True, **kw) -> dict:
     """Train `tiny` for `steps` with this layout (ParallelConfig fields; model/batch fields
     of TrainConfig may be given too) and return rank 0's result plus every rank's."""
     train_fields = {k: kw.pop(k) for k in list(kw) if k in TrainConfig.__dataclass_fields__}
-    cfg = TrainConfig(parallel=ParallelConfig(**kw), steps=steps, progress=False,
-                      after_backward=testing.capture_grads if capture_grads else None,
-                      **train_fields)
-    out = train(cfg)
+    cfg = TrainConfig(parallel=ParallelConfig(**kw), steps=steps, progress=False, **train_fields)
+    out = train(cfg, after_backward=testing.capture_grads if capture_grads else None)
     # each rank's gradients after the first step (testing.capture_grads), as result["grads"]
     for r in (out, *out["all"]):
         r["grads"] = r["probes"].get(0)

@@ -137,19 +137,6 @@ def test_full_tensor_names_a_missing_slice():
         checkpoint.full_tensor(entries)
 
 
-def test_tp_local_is_the_tensor_parallel_cut():
-    full = torch.randn(8, 6)
-    assert torch.equal(checkpoint.tp_local(full, 0, 1, 2), full[4:])
-    assert torch.equal(checkpoint.tp_local(full, 1, 2, 3), full[:, 4:])
-    assert checkpoint.tp_local(full, None, 1, 2) is full
-    if HAVE_TP:
-        from minipar.trainer.comm import Axis
-        from minipar.trainer.parallel.tensor import shard_param
-        for dim in (0, 1):
-            p = shard_param(full, Axis("tp", (0, 1), 1), dim)
-            assert torch.equal(checkpoint.tp_local(full, p._tp_dim, 1, 2), p.data)
-
-
 # =================================================== real worlds
 def run(steps=STEPS, **kw) -> dict:
     train_fields = {k: kw.pop(k) for k in list(kw) if k in TrainConfig.__dataclass_fields__}

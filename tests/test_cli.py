@@ -242,7 +242,7 @@ def test_skip_nonfinite_skips_the_update_and_goes_on(monkeypatch):
     assert "--skip-nonfinite" in text and "instead of stopping the run" in text
     poison_gradients_at(monkeypatch, 1)
     out = train(TrainConfig(parallel=ParallelConfig(dp=2), steps=4, progress=False,
-                            skip_nonfinite=True, after_backward=weight_sum))
+                            skip_nonfinite=True), after_backward=weight_sum)
     assert [r.get("skipped", False) for r in out["records"]] == [False, True, False, False]
     assert all(math.isfinite(x) for x in losses(out)[2:])
     w = out["probes"]

@@ -28,9 +28,7 @@ def _collectives(n):
     comm.all_reduce(x, g.dp)
     gathered = comm.all_gather(torch.full((2, 3), float(r)), g.dp, dim=1)
     scattered = comm.reduce_scatter(torch.arange(4.0 * n).reshape(1, -1), g.dp, dim=1)
-    nxt, prv = g.dp.global_rank(r + 1), g.dp.global_rank(r - 1)
-    buf = torch.empty(5)
-    comm.exchange(sends=[(torch.full((5,), float(r)), nxt)], recvs=[(buf, prv)], axis_name="dp")
+    (buf,) = comm.ring_exchange(g.dp, torch.full((5,), float(r))).wait()
     # the autograd pair: f's backward sums gradients, g's forward sums values
     a = torch.ones(3, requires_grad=True)
     regions.copy_to_group(a, g.dp).mul(r + 1).sum().backward()

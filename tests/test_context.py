@@ -155,13 +155,13 @@ def test_attention_matches_full_causal_attention(cp):
 
 def _ring_events(cp):
     """The order in which one rank posts transfers, waits for them and computes blocks in
-    ring attention's backward (`_ring_pass` and `OnlineSoftmax.backprop` wrapped: this is
-    a forked rank, the patch dies with it)."""
+    ring attention's backward (`comm.ring_exchange` and `OnlineSoftmax.backprop` wrapped: this
+    is a forked rank, the patch dies with it)."""
     grid = ProcessGrid(cp=cp, rank=dist.get_rank()).init_groups()
-    events, real_pass, real_backprop = [], context._ring_pass, context.OnlineSoftmax.backprop
+    events, real_pass, real_backprop = [], comm.ring_exchange, context.OnlineSoftmax.backprop
 
-    def logged_pass(tensors, axis):
-        handle = real_pass(tensors, axis)
+    def logged_pass(axis, *tensors):
+        handle = real_pass(axis, *tensors)
         events.append("post")
         real_wait = handle.wait
         handle.wait = lambda: (events.append("wait"), real_wait())[1]
@@ -170,7 +170,7 @@ def _ring_events(cp):
     def logged_backprop(self, *args):
         events.append("compute")
         return real_backprop(self, *args)
-    context._ring_pass, context.OnlineSoftmax.backprop = logged_pass, logged_backprop
+    comm.ring_exchange, context.OnlineSoftmax.backprop = logged_pass, logged_backprop
     q, k, v = (torch.randn(1, 8, h, 4, requires_grad=True) for h in (4, 2, 2))
     out = ring_attention(q, k, v, grid.cp)
     events.clear()                       # the backward's events only

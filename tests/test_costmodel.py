@@ -250,7 +250,7 @@ def test_estimate_keys_and_consistency():
     assert set(d["comm_bytes_per_gpu"]) == {"tp", "cp", "pp", "dp"}
     assert sum(e.time_breakdown_s.values()) == pytest.approx(e.step_time_s)
     model_flops = 2**24 * flops.flops_per_token(L405, 8192)
-    assert e.mfu == pytest.approx(model_flops / (e.step_time_s * 8192 * 989e12))
+    assert e.mfu == pytest.approx(model_flops / (e.step_time_s * 8192 * 989.4e12))
     assert json.loads(json.dumps(d)) == d
 
 
@@ -316,7 +316,7 @@ def test_cli_json(capsys):
 def test_cli_constants_lists_every_constant_with_a_source(capsys):
     code, out, _ = run_cli(capsys, "constants", "--json")
     rows = json.loads(out)
-    assert code == 0 and {r["name"] for r in rows} == set(cm.CONSTANTS)
+    assert code == 0 and {r["name"] for r in rows} == set(cm.all_constants())
     assert all(r["source"] and r["unit"] and isinstance(r["value"], (int, float)) for r in rows)
     assert not any("fitted to" in r["source"] and "MFU" in r["source"] for r in rows)
 
@@ -389,7 +389,8 @@ def test_cli_layout_flags_are_the_trainers_with_the_cost_models_defaults():
     from minipar.plan.costmodel.cli import LAYOUT_DEFAULTS
     text = " ".join(cm.build_parser().format_help().split())
     for cls, names in ((ParallelConfig, [f.name for f in dataclasses.fields(ParallelConfig)
-                                         if f.name != "microbatches"]),
+                                         if f.name not in ("microbatches",
+                                                           "consecutive_microbatches")]),
                        (TrainConfig, ["seq_len", "global_batch"])):
         for f in dataclasses.fields(cls):
             if f.name in names:
@@ -435,12 +436,12 @@ def test_cp_bytes_agree_with_the_context_parallel_module(impl, cp, tp):
 def test_measured_gloo_bytes_equal_the_prediction_per_axis():
     # One 8-rank world with every axis: TP2 (with SP) x CP2 (ring) x PP2 (interleaved, 2
     # chunks), ZeRO-1 over the dp x cp group. Rank 0's CommLog of a step against the model.
-    train = pytest.importorskip("minipar.train")
+    run = pytest.importorskip("minipar.runtime.run")
     pc = ParallelConfig(tp=2, cp=2, pp=2, dp=1, zero=1, sp=True, microbatches=4,
                         schedule="interleaved", virtual_stages=2, cp_impl="ring")
     cfg = TrainConfig(parallel=pc, global_batch=8, seq_len=32, steps=2, progress=False,
                       peak_flops=1e10)
-    record = train.train(cfg)["records"][-1]
+    record = run.train(cfg)["records"][-1]
     measured = {axis: sum(op["wire_bytes"] for op in ops.values())
                 for axis, ops in record["comm"].items()}
     work = cm.Workload(seq_len=32, global_batch=8, microbatch_size=2)
@@ -550,16 +551,33 @@ def test_gpu_presets_and_overrides():
     assert fast.step_time_s < slow.step_time_s
 
 
+def test_importing_the_cost_model_reads_no_file():
+    """The measurements are read, and the GEMM curve fitted, when first asked for."""
+    code = ("import sys\nopened = []\n"
+            "sys.addaudithook(lambda e, a: opened.append(a[0]) if e == 'open' and 'costmodel/data' in str(a[0]) else None)\n"
+            "import minipar.plan.costmodel, minipar.plan.replay\nprint(len(opened))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
+
+
+def test_a_scenario_is_the_step_estimate_predicts():
+    """`estimate` is `step_estimate` of the checked `Scenario`; the replay's target is one."""
+    s = cm.scenario(L405, cm.TABLE4[0].parallel(), seq_len=8192)
+    assert s.parallel.microbatches == s.microbatches == 32
+    assert cm.step_estimate(s) == cm.estimate(L405, cm.TABLE4[0].parallel(), seq_len=8192)
+    with pytest.raises(ConfigError, match="--tp 3"):
+        cm.scenario(L405, ParallelConfig(tp=3, pp=16, dp=64))
+
+
 def test_gemms_are_measured_or_follow_the_measured_curve():
-    from minipar.plan.costmodel.constants import KERNELS, attention_tflops
-    from minipar.plan.costmodel.kernels import GEMM_TABLE
+    from minipar.plan.costmodel.constants import attention_tflops, gemm_table, measurements
     c = cm.gpu_cluster("h100")
 
     def efficiency(m, n, k):
         return 2 * m * n * k / (cm.matmul_seconds(m, n, k, c) * c.peak_flops)
-    g = KERNELS["gemms"][0]
+    g = measurements()["gemms"][0]
     assert cm.matmul_seconds(g["m"], g["n"], g["k"], c) == pytest.approx(g["s"], rel=1e-3)   # measured
-    assert (256, 8192, 8192) not in GEMM_TABLE                                      # the curve
+    assert (256, 8192, 8192) not in gemm_table()                                      # the curve
     wide, thin = efficiency(8192, 8192, 8192), efficiency(256, 8192, 8192)
     assert 0.6 < wide < 0.85 and thin < wide
     # an A100 runs the same GEMM slower by its peak
@@ -710,7 +728,7 @@ def test_memory_model_is_below_what_nanotron_printed():
     its fp32 accumulator, DDP's bucket copies and the allocator's slack, none of which the
     model counts, so it must come out below every cell, and not by more than half."""
     from minipar.plan.costmodel.calibration import heatmap_cells
-    from minipar.plan.costmodel.constants import BF16_MIXED
+    from minipar.plan.memory import BF16_MIXED
     for run, printed in heatmap_cells():
         total = cm.memory_per_gpu(run.model, run.parallel, run.work, BF16_MIXED)["total"] / 1e9
         assert 0.5 * printed < total < printed, (run.label, total, printed)
@@ -800,9 +818,9 @@ def test_efa_collectives_are_read_off_nccl_tests():
     EFA: at a measured point exactly, between points in log size, for fewer members per
     server as the same bytes through each NIC, and below the smallest size from NCCL's
     latency up."""
-    from minipar.plan.costmodel.constants import FABRIC_CURVES, fabric_busbw_GBps
+    from minipar.plan.costmodel.constants import fabric_busbw_GBps, fabric_curves
     from minipar.plan.costmodel.hardware import collective_latency_s, measured_collective_seconds
-    curves = FABRIC_CURVES["efa"]
+    curves = fabric_curves("efa")
     size, busbw = curves["all_reduce"][16][3]                    # 256 MiB over 16 servers
     assert fabric_busbw_GBps("efa", "all_reduce", 16, size) == busbw
     assert fabric_busbw_GBps("efa", "all_reduce", 64, size) == fabric_busbw_GBps("efa", "all_reduce", 32, size)

@@ -11,6 +11,7 @@ from minipar.trainer.grid import ProcessGrid
 from minipar.runtime.launch import run_local
 from minipar.trainer.parallel.tensor import apply_tensor_parallel
 from minipar.trainer.model import Transformer
+from minipar.trainer.placement import Replicate, Shard, placements
 from minipar.teach.exercises import hf as ex
 from minipar.teach.figures.hf import TP_DIM
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
@@ -76,14 +77,14 @@ def test_kv_cache_bytes_is_what_generate_leaves(fresh_attempts):
     assert shown.ok is None and f"{right:,} B" in shown.message
 
 
-def _tp_dims():
+def _tp_placements():
     grid = ProcessGrid(tp=2, rank=torch.distributed.get_rank()).init_groups()
     model = apply_tensor_parallel(Transformer(ModelConfig.preset("tiny"), seed=0), grid.tp)
-    return {name: getattr(p, "_tp_dim", None) for name, p in model.named_parameters()}
+    return {name: placements(p)["tp"] for name, p in model.named_parameters()}
 
 
-def test_figure_tp_dims_are_the_parallelized_models():
-    dims = run_local(_tp_dims, 2, backend="gloo")[0]
-    for name, dim in dims.items():
+def test_figure_splits_are_the_parallelized_models():
+    placed = run_local(_tp_placements, 2, backend="gloo")[0]
+    for name, how in placed.items():
         key = next(k for k in TP_DIM if f"{k}." in name or name.startswith(k))
-        assert TP_DIM[key] == dim, name
+        assert how == (Replicate() if TP_DIM[key] is None else Shard(TP_DIM[key])), name

@@ -1,4 +1,4 @@
-"""FLOP counts, parameter counts, MFU and the peak table, against numbers worked out by hand."""
+"""FLOP counts, parameter counts, MFU and the data sheets' peaks, against numbers worked out by hand."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from minipar.plan import flops
+from minipar.plan import costmodel as cm
+from minipar.plan import datasheets, flops
 from minipar.runtime import peak
 from minipar.plan.config import ModelConfig, ParallelConfig
 
@@ -80,16 +81,29 @@ def test_mfu_definition():
 
 
 @pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GH200 480GB", 989e12), ("Tesla V100-SXM2-16GB", 125e12),
+    ("NVIDIA H100 80GB HBM3", 989.4e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989.4e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GH200 480GB", 989.4e12), ("Tesla V100-SXM2-16GB", 125e12),
 ])
 def test_gpu_peak_table(name, peak):
-    assert flops.gpu_peak_flops(name) == peak
+    assert datasheets.find(name).peak_flops() == peak
 
 
 def test_gpu_peak_table_unknown_and_fp32():
-    assert flops.gpu_peak_flops("Imaginary GPU 9000") is None
-    assert flops.gpu_peak_flops("NVIDIA A100-SXM4-40GB", "fp32") == 19.5e12
+    assert datasheets.find("Imaginary GPU 9000") is None
+    assert datasheets.find("NVIDIA A100-SXM4-40GB").peak_flops("fp32") == 19.5e12
+
+
+def test_one_table_of_data_sheets():
+    # the H100 SXM: 132 SMs x 4,096 dense bf16 FLOP per clock x 1,830 MHz = 989.4 TFLOP/s
+    assert datasheets.H100.peak_flops() == pytest.approx(132 * 4096 * 1.83e9, rel=1e-4)
+    # Llama 3's cluster, the cost model's `--gpu h100` and the measuring GPU (an H200, the
+    # same die) all read their numbers off the one table
+    for cluster in (cm.LLAMA3_CLUSTER, cm.gpu_cluster("h100")):
+        assert cluster.peak_tflops == datasheets.H100.bf16_tflops
+        assert (cluster.hbm_gb, cluster.hbm_TBps) == (datasheets.H100.hbm_gb, datasheets.H100.hbm_TBps)
+        assert cluster.intra_node_GBps == datasheets.H100.nvlink_GBps
+    assert cm.constants.MEASURED_PEAK_TFLOPS == datasheets.SHEETS["H200"].bf16_tflops
+    assert set(cm.GPU_NAMES) == {k.lower() for k, s in datasheets.SHEETS.items() if s.gpus_per_server}
 
 
 def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):

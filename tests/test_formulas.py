@@ -42,8 +42,8 @@ def test_formulas_flops_and_costmodel_import_without_torch(repo_root):
             pass
         else:
             raise SystemExit("torch is still importable")
-        import minipar.plan.formulas, minipar.plan.flops, minipar.costmodel
-        from minipar.costmodel import cli, hardware, memory, search, table4, time, wire
+        import minipar.plan.formulas, minipar.plan.flops, minipar.plan.costmodel
+        from minipar.plan.costmodel import cli, hardware, memory, search, table4, time, wire
         from minipar.plan.config import ModelConfig, ParallelConfig
         rows = minipar.plan.costmodel.table4()
         e = minipar.plan.costmodel.estimate(ModelConfig.preset("tiny"),

@@ -24,7 +24,9 @@ from minipar.plan.config import ConfigError, ModelConfig
 from minipar.trainer.tokens import TokenizedText, make_source
 from minipar.runtime.generate import load_hf_state_dict, load_model
 from minipar.runtime.hf import hf_name
+from minipar.trainer.grid import ProcessGrid
 from minipar.trainer.model import Transformer
+from minipar.trainer.placement import Shard, local_index
 from minipar.runtime.run import main
 
 transformers = pytest.importorskip("transformers")
@@ -51,14 +53,16 @@ def test_reads_the_same_model_transformers_reads(hf_dir):
 
 
 def test_read_piece_is_the_slice_a_tp_and_zero_rank_holds(hf_dir):
-    """read_piece: a TP rank's columns and of them a flat range, as get_slice reads them."""
+    """read_piece: a TP rank's columns (`local_index`) and of them a flat range, as
+    get_slice reads them."""
     from safetensors import safe_open
     name = "model.layers.1.mlp.down_proj.weight"          # row-parallel: TP splits dim 1
     with safe_open(str(hf_dir / json.loads((hf_dir / hf.INDEX).read_text())["weight_map"][name]),
                    "pt") as f:
         full = f.get_tensor(name)
         local = full.chunk(2, dim=1)[1]
-        piece = hf.read_piece(f.get_slice(name), local.shape, 1, 1, 2, 70, 333)
+        index = local_index(full.shape, {"tp": Shard(1)}, ProcessGrid(tp=2, rank=1).axes)
+        piece = hf.read_piece(f.get_slice(name), index, 70, 333)
     torch.testing.assert_close(piece, local.reshape(-1)[70:333])
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "benchmarks" / "kernels"
-DATA = ROOT / "minipar" / "costmodel" / "data"       # where the cost model reads them
+DATA = ROOT / "minipar" / "plan" / "costmodel" / "data"       # where the cost model reads them
 PEAK = 989.4e12
 
 

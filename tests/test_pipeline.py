@@ -254,6 +254,22 @@ def test_trace_is_the_schedule_in_time(tmp_path_factory, pp, schedule, m, v):
 
 
 @pytest.mark.slow
+def test_consecutive_microbatches_reach_the_executor(tmp_path_factory):
+    """--consecutive-microbatches 3 on --pp 2: three micro-batches (not a multiple of pp) go
+    through each chunk as one group, Llama 3's tunable N. The ranks run that schedule's
+    order, and learn what one device learns."""
+    out = _run(tmp_path_factory, 2, "interleaved", 3, 2, consecutive_microbatches=3,
+               global_batch=6)
+    assert_same_losses(out, reference(steps=STEPS, global_batch=6))
+    sched = make_schedule("interleaved", 2, 3, 2, consecutive=3)
+    step = [e for e in out["trace"] if e["step"] == STEPS - 1]
+    for r in range(2):
+        mine = sorted((e for e in step if e["rank"] == r), key=lambda e: e["start"])
+        assert [(e["kind"], e["microbatch"], e["chunk"]) for e in mine] == \
+            [(a.kind, a.microbatch, a.chunk) for a in sched[r]]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("pp,schedule,m,v", PIPELINES)
 def test_peak_in_flight_measured_by_the_executor(tmp_path_factory, pp, schedule, m, v):
     events = _run(tmp_path_factory, pp, schedule, m, v)["trace"]
@@ -348,6 +364,10 @@ def test_tied_embeddings_stay_in_sync_across_first_and_last_stage(tied_preset):
      "--virtual-stages 2", "needs --schedule interleaved"),
     (["--schedule", "interleaved", "--virtual-stages", "2"], "--virtual-stages 2", "needs --pp > 1"),
     (["--pp", "2", "--schedule", "gpipe"], "--schedule 'gpipe'", "unknown"),
+    (["--pp", "4", "--schedule", "interleaved", "--virtual-stages", "2", "--microbatches", "6",
+      "--consecutive-microbatches", "3"], "--consecutive-microbatches 3", "at least --pp 4"),
+    (["--pp", "2", "--microbatches", "2", "--consecutive-microbatches", "2"],
+     "--consecutive-microbatches 2", "only apply to --schedule interleaved"),
 ])
 def test_cli_rejects_bad_pipelines(capsys, argv, flag, rule):
     assert main(argv + ["--no-progress"]) == 2

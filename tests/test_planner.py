@@ -6,7 +6,7 @@ import pytest
 
 from minipar.plan import costmodel as cm
 from minipar.plan.config import ConfigError, ModelConfig
-from minipar.plan.costmodel.planner import binding_constraint, layouts, limiting_term, plan
+from minipar.plan.costmodel.planner import binding_constraint, candidates, limiting_term, plan
 
 L405 = ModelConfig.preset("llama3-405b")
 
@@ -34,8 +34,12 @@ def test_llama3_8b_on_64_h100s_choices_are_the_cheapest_that_fit():
     # recomputation and ZeRO-3 only cost time: an 8B model on 64 H100s needs neither
     assert best.workload.recompute == "none" and best.parallel.zero == 1
     # the space is what the docstring says: TP within a server, powers of two
-    for pc, mbs in layouts(m8, cluster, 64, 8192, 512):
+    space = list(candidates(m8, cluster, 64, 8192, 512))
+    for pc, mbs in space:
         assert pc.tp <= 8 and pc.world_size == 64 and 512 % (pc.dp * mbs) == 0
+    # the search's one rule for chunks: every power of two with pp x v <= 32 layers + 2
+    assert {pc.virtual_stages for pc, _ in space
+            if pc.pp == 2 and pc.schedule == "interleaved"} == {2, 4, 8, 16}
 
 
 def test_nothing_fits_names_memory_as_the_binding_constraint():

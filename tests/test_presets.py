@@ -45,7 +45,7 @@ def test_llama32_1b_has_1_24_billion_parameters():
 
 
 def test_the_count_needs_no_torch(repo_root):
-    code = ("import sys; from minipar import flops; from minipar.plan.config import ModelConfig; "
+    code = ("import sys; from minipar.plan import flops; from minipar.plan.config import ModelConfig; "
             "n = flops.param_count(ModelConfig.preset('llama3.2-1b')); "
             "assert 'torch' not in sys.modules; print(n)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root)

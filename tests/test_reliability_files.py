@@ -195,7 +195,7 @@ def test_a_second_run_on_a_save_directory_is_refused_naming_the_owner(tmp_path, 
 
 def test_a_dead_owner_holds_no_lock(tmp_path):
     root = str(tmp_path / "ckpt")
-    owner = subprocess.run([sys.executable, "-c", "import os, signal; from minipar import "
+    owner = subprocess.run([sys.executable, "-c", "import os, signal; from minipar.runtime import "
                             f"checkpoint; checkpoint.claim({root!r}); "
                             "os.kill(os.getpid(), signal.SIGKILL)"], timeout=60)
     assert owner.returncode == -signal.SIGKILL

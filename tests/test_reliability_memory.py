@@ -15,6 +15,7 @@ from minipar.runtime import preflight
 from minipar.plan.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from minipar.trainer.tokens import TextTokens, make_source
 from minipar.plan.flops import param_count
+from minipar.plan.memory import FP32, memory_of_rank
 
 GiB = 2**30
 V1_NO_LIMIT = 9223372036854771712          # what cgroup v1 writes for "no limit"
@@ -62,20 +63,22 @@ def test_a_1b_model_in_a_1gib_cgroup_is_refused_naming_need_and_limit(tmp_path, 
 
 
 def test_a_step_counts_the_batch_and_activations():
-    """One micro-batch's activations through the stage's layers: more micro-batches, fewer
-    tokens each; full recompute keeps a layer's input only; the int64 batch on top."""
+    """The int64 batch, and the activations the memory model counts for the stage
+    (`plan.memory.memory_of_rank`, minipar's tensors in float32): more micro-batches, fewer
+    tokens each; full recompute keeps a layer's input (and one layer recomputed)."""
     base = TrainConfig(global_batch=64)
     model = base.model_config()
 
-    def step(model, cfg):
+    def step(cfg):
         return preflight.stage_bytes(model, cfg, 0, 4)[2]
     batch = 64 * 33 * 8
-    acts = 64 * 32 * 8 * 4 * 128 * 4          # tokens x layers x 4 ffn x 4 B
-    assert step(model, base) == batch + acts
+    acts = memory_of_rank(model, base.parallel, FP32, 32, 64, 0)["activations"]
+    assert step(base) == batch + int(acts)
+    assert acts > 64 * 32 * 8 * 4 * 128 * 4       # tokens x layers x SwiGLU's 4 ffn x 4 B, and more
     four = TrainConfig(global_batch=64, parallel=ParallelConfig(microbatches=4))
-    assert step(model, four) == batch + acts // 4
+    assert step(four) - batch == pytest.approx(acts / 4, rel=1e-3)
     full = TrainConfig(global_batch=64, parallel=ParallelConfig(recompute="full"))
-    assert step(model, full) == batch + 64 * 32 * 8 * 64 * 4
+    assert step(full) - batch < acts / 4
 
 
 def test_a_global_batch_too_big_is_refused_naming_the_flags(monkeypatch):

@@ -131,7 +131,7 @@ def test_widening_tp_keeps_the_program_and_says_so(recorded):
     narrow = replay(trace, model="llama3-70b", seq_len=8192)
     wide = replay(trace, model="llama3-70b", seq_len=8192, widen={"tp": 8})
     assert wide.widened == {"tp": 8} and narrow.widened == {}
-    assert wide.target.pc.world_size == 16
+    assert wide.target.parallel.world_size == 16
     # each rank computes a quarter of the layer's matmuls, its TP messages cross 8 GPUs
     assert wide.step_time_s < narrow.step_time_s
 
@@ -188,7 +188,7 @@ def test_llama3_table4_row1_replayed_from_32_cpu_ranks():
     from minipar.teach import replays
     r, e = replays.replayed("llama3"), replays.estimated("llama3")
     assert r.widened == {"tp": 8, "dp": 64}
-    assert r.target.pc.world_size == 8192 and r.target.model.name == "llama3-405b"
+    assert r.target.parallel.world_size == 8192 and r.target.model.name == "llama3-405b"
     assert abs(r.mfu - e.mfu) <= 0.04, (r.mfu, e.mfu)
     assert r.bubble_fraction < 0.25
     assert {e["pid"] for e in traces.spans(r.trace)} == set(range(32))

@@ -10,6 +10,8 @@ from collections import Counter
 import pytest
 
 from minipar.trainer import profile
+from minipar.plan.config import ModelConfig, ParallelConfig
+from minipar.plan.formulas.pipeline_parallel import in_flight_chunks
 from minipar.plan.schedules import split_layers
 from minipar.plan.schedule_analysis import peak_in_flight, timeline_from_events
 from minipar.plan.schedules import (Action, ScheduleError, Timeline, make_schedule,
@@ -170,6 +172,15 @@ def test_larger_consecutive_groups_hold_more_activations():
     assert peaks[0] < peaks[1] < peaks[2] <= 2 * 16
 
 
+@pytest.mark.parametrize("p,m,v,n", [(4, 16, 2, 8), (4, 16, 2, 16), (4, 12, 3, 6), (2, 6, 2, 3),
+                                     (4, 10, 2, 5), (4, 3, 3, 3), (4, 8, 2, None)])
+def test_the_memory_model_counts_what_consecutive_groups_hold(p, m, v, n):
+    # --consecutive-microbatches reaches the preflight's memory model: its in-flight count
+    # per rank is the simulated schedule's
+    want = peak_in_flight(make_schedule("interleaved", p, m, v, consecutive=n))
+    assert [sum(in_flight_chunks("interleaved", p, m, r, v, n)) for r in range(p)] == want
+
+
 @pytest.mark.parametrize("t_f,t_b,t_w", [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 0.5),
                                          (1, 1.5, 0.25)])
 def test_zero_bubble_h1(t_f, t_b, t_w):
@@ -260,6 +271,22 @@ def test_bad_shapes_are_refused_naming_the_flag(call, message):
         call()
 
 
+@pytest.mark.parametrize("m,n,rules", [(10, 5, []), (12, 8, ["groups"]), (6, 3, ["group size"]),
+                                       (2, 2, []), (4, 0, ["positive"])])
+def test_the_layout_check_refuses_what_make_schedule_refuses(m, n, rules):
+    """`--consecutive-microbatches` N reaches the trainer through ParallelConfig, whose check
+    (run before any rank starts) applies make_schedule's rules: one set of rules."""
+    layout = ParallelConfig(pp=4, schedule="interleaved", virtual_stages=2, microbatches=m,
+                            consecutive_microbatches=n)
+    got = layout.problems(ModelConfig(), 32, m)
+    assert [p.rule for p in got if p.flag == "--consecutive-microbatches"] == rules
+    if not rules:
+        make_schedule("interleaved", 4, m, 2, consecutive=n)
+    else:
+        with pytest.raises(ValueError, match="--consecutive-microbatches"):
+            make_schedule("interleaved", 4, m, 2, consecutive=n)
+
+
 def test_groups_smaller_than_the_pipeline_would_deadlock():
     # Why make_schedule refuses N < p with several groups: the 1F1B order then cannot run.
     from minipar.plan.schedules import _interleaved
@@ -316,6 +343,6 @@ def test_gantt_draws_one_labelled_box_per_timed_action(tmp_path):
     ax = plot_trace(path)
     assert ax.get_xlabel() == "time (s)"
     assert len([p for p in ax.patches if isinstance(p, Rectangle)]) == 8
-    ax = plot_bubble_vs_microbatches(n_stages=3, microbatches=range(1, 7))
+    ax = plot_bubble_vs_microbatches(pp=3, microbatches=range(1, 7))
     assert len(ax.get_legend().get_texts()) == 4
     plt.close("all")

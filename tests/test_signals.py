@@ -177,10 +177,11 @@ def sleep_on_rank_1_at(step_to_hang: int, seconds: float):
 
 def test_a_rank_stuck_outside_the_collective_is_named_not_the_ranks_that_timed_out(
         monkeypatch, capsys):
+    from minipar.runtime import run
     from minipar.trainer import step as train_module
     monkeypatch.setattr(train_module.Trainer, "probe", sleep_on_rank_1_at(1, 600))
-    code = train_module.main(["--dp", "3", "--global-batch", "6", "--steps", "3",
-                              "--no-progress", "--timeout-s", "3"])
+    code = run.main(["--dp", "3", "--global-batch", "6", "--steps", "3",
+                     "--no-progress", "--timeout-s", "3"])
     err = capsys.readouterr().err
     assert code == 1, err
     first = err.splitlines()[0]

@@ -15,6 +15,7 @@ from minipar.plan.config import ModelConfig, ParallelConfig
 from minipar.trainer.grid import ProcessGrid
 from minipar.trainer.model import RMSNorm, Transformer
 from minipar.trainer.parallel import collective_matmul
+from minipar.trainer.placement import Partial, Replicate, Shard, placements
 from minipar.trainer.parallel.tensor import (OVERLAP_STYLES, STYLES, VocabParallelEmbedding,
                                              apply_tensor_parallel, replicated, style_of,
                                              sum_partial_grads,
@@ -59,7 +60,7 @@ def test_the_formula_is_megatrons_4_all_reduces_per_layer():
 
 
 def test_the_formula_agrees_with_the_cost_model():
-    cm = pytest.importorskip("minipar.costmodel")
+    cm = pytest.importorskip("minipar.plan.costmodel")
     if not hasattr(cm, "comm_bytes_per_gpu"):
         pytest.skip("costmodel has no comm_bytes_per_gpu yet")
     for tp, mb, sp in ((2, 1, False), (4, 2, False), (2, 4, True), (4, 1, True)):
@@ -112,7 +113,7 @@ def _layers_against_torch_nn():
         xl = feat(x).detach().requires_grad_()
         y = row(xl)
         (y * (seq(w) if sp else w)).sum().backward()
-        sum_partial_grads([(row.bias.grad, row.bias)])    # SP: once per step, the DP wrapper's
+        sum_partial_grads([(row.bias.grad, row.bias)], axis)   # SP: the DP wrapper's, once a step
         out += [(f"row sp={sp_} y", y, seq(ref) if sp else ref),
                 (f"row sp={sp_} dx", xl.grad, feat(x.grad)),
                 (f"row sp={sp_} dW", row.weight.grad, feat(lin.weight.grad, 1)),
@@ -142,7 +143,7 @@ def _layers_against_torch_nn():
         replicated(tp_norm, axis, sp)
         y = tp_norm(seq(x) if sp else x)
         (y * (seq(w) if sp else w)).sum().backward()
-        sum_partial_grads([(tp_norm.weight.grad, tp_norm.weight)])
+        sum_partial_grads([(tp_norm.weight.grad, tp_norm.weight)], axis)
         out.append((f"norm sp={sp_} dW", tp_norm.weight.grad, norm.weight.grad))
 
     # the vocab-parallel loss: the same value and gradient as F.cross_entropy, from half the
@@ -169,15 +170,15 @@ def _layers_against_torch_nn():
             seq(h) if sp else h, torch.arange(8))
         out.append((f"middle stage sp={sp} overlap={overlap}", got, seq(want) if sp else want))
 
-    # the whole model: each parameter records its split as the plan says
+    # the whole model: each parameter records its placement as the plan says
     for sp in (False, True):
         model = apply_tensor_parallel(Transformer(TINY), axis, sp=sp)
         for name, p in model.named_parameters():
-            want = shard_dim(name)
-            if getattr(p, "_tp_dim", None) != want:
-                out.append((f"{name}._tp_dim", torch.tensor(getattr(p, "_tp_dim", -1)), torch.tensor(want)))
-            if want is None and "tp" not in getattr(p, "_replica_axes", ()):
-                out.append((f"{name} not marked replicated over tp", torch.tensor(0), torch.tensor(1)))
+            dim = shard_dim(name)
+            want = Shard(dim) if dim is not None else Partial() if sp else Replicate()
+            if placements(p) != {"tp": want}:
+                out.append((f"{name} placed {placements(p)}, not {want}", torch.tensor(0),
+                            torch.tensor(1)))
     out += _matmuls_with_a_transfer_in_flight(axis)
     return [(n, g.detach(), w.detach()) for n, g, w in out]
 
@@ -185,11 +186,11 @@ def _layers_against_torch_nn():
 def _matmuls_with_a_transfer_in_flight(axis):
     """Both ring loops of the collective matmul, with their transfers and matmuls logged:
     t - 1 of the t matmuls run while a chunk is on its way (the last has nothing left to
-    hide). `_pass_on` is wrapped in this forked rank only."""
-    events, real_pass = [], collective_matmul._pass_on
+    hide). `comm.ring_exchange` is wrapped in this forked rank only."""
+    events, real_pass = [], comm.ring_exchange
 
-    def logged_pass(t, ax):
-        handle = real_pass(t, ax)
+    def logged_pass(ax, *tensors):
+        handle = real_pass(ax, *tensors)
         events.append(+1)
         real_wait = handle.wait
         handle.wait = lambda: (events.append(-1), real_wait())[1]
@@ -201,7 +202,7 @@ def _matmuls_with_a_transfer_in_flight(axis):
             in_flight += e if e != "mm" else 0
             n += e == "mm" and in_flight > 0
         return n
-    collective_matmul._pass_on = logged_pass
+    comm.ring_exchange = logged_pass
     x, w = torch.randn(2, 3, 6), torch.randn(4, 6)
     checks, t = [], axis.size
     comm.LOG.reset()
@@ -215,7 +216,7 @@ def _matmuls_with_a_transfer_in_flight(axis):
     checks += [("matmul reduce-scatter: busy matmuls", busy_matmuls(), t - 1),
                ("matmul reduce-scatter: bytes", wire_bytes_of("tp"),  # of the full output
                 collective_matmul_bytes(t * x.shape[0] * x.shape[1] * w.shape[0] * 4, t))]
-    collective_matmul._pass_on = real_pass
+    comm.ring_exchange = real_pass
     return [(name, torch.tensor(got), torch.tensor(want)) for name, got, want in checks]
 
 

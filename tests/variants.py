@@ -16,9 +16,9 @@ def _step_each(world: dict, variants: list[dict], train_kw: dict) -> list[dict]:
     out = []
     for kw in variants:
         cfg = TrainConfig(parallel=ParallelConfig(**world, **kw), steps=1, progress=False,
-                          after_backward=testing.capture_grads, **train_kw)
+                          **train_kw)
         cfg.validate()
-        run = Trainer(cfg)
+        run = Trainer(cfg, after_backward=testing.capture_grads)
         rec = run.step(0)
         out.append({"loss": rec["loss"], "grads": run.probes[0], "memory": rec["memory"]})
     return out

@@ -17,7 +17,6 @@ breaks one, in one line, before any rank starts.
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
 
 
 class Problem(str):
@@ -160,10 +159,12 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def schedule_problems(schedule: str, pp: int, microbatches: int,
-                      virtual_stages: int) -> list[Problem]:
-    """The rules of a pipeline schedule: the layout's, and `parallel.schedules.make_schedule`'s
-    (which waives rule "groups" when it is given a group size of its own)."""
+def schedule_problems(schedule: str, pp: int, microbatches: int, virtual_stages: int,
+                      consecutive: int | None = None) -> list[Problem]:
+    """The rules of a pipeline schedule, which `schedules.make_schedule` refuses to break.
+    Interleaved runs the micro-batches through each chunk in groups of `consecutive` (N,
+    default pp): m a multiple of N, and N >= pp unless one group holds all m (the simulator
+    found that several groups smaller than the pipeline deadlock)."""
     if schedule not in SCHEDULES:
         return [unknown("--schedule", schedule, SCHEDULES)]
     chunks = Problem(f"--virtual-stages {virtual_stages} needs --schedule interleaved (schedule "
@@ -172,8 +173,18 @@ def schedule_problems(schedule: str, pp: int, microbatches: int,
     groups = Problem(f"--schedule interleaved needs --microbatches ({microbatches}) to be a "
                      f"multiple of --pp {pp}: micro-batches go through each chunk in groups of "
                      "pp", "--schedule", "groups", microbatches=microbatches, pp=pp)
-    out = [chunks] if virtual_stages > 1 and schedule != "interleaved" else []
-    return out + ([groups] if schedule == "interleaved" and pp > 1 and microbatches % pp else [])
+    interleaved = schedule == "interleaved"
+    out = [chunks] if virtual_stages > 1 and not interleaved else []
+    if consecutive is None:
+        return out + ([groups] if interleaved and pp > 1 and microbatches % pp else [])
+    n, m, flag = consecutive, microbatches, "--consecutive-microbatches"
+    return out + (positive(consecutive_microbatches=n) or broken([
+        (not interleaved, flag, "interleaved", f"{flag} {n}: consecutive micro-batches only apply "
+         f"to --schedule interleaved, not {schedule!r}"),
+        (interleaved and m % n, flag, "groups", f"{flag} {n} needs --microbatches ({m}) to be a "
+         f"multiple of {n} (the groups of micro-batches that go through each chunk)"),
+        (interleaved and n < pp and n != m, flag, "group size", f"{flag} {n} needs at least --pp "
+         f"{pp} micro-batches per group, or all --microbatches ({m}) in one group")]))
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,9 @@ class ParallelConfig:
     virtual_stages: int = opt(1, "model chunks per pipeline rank (--schedule interleaved)")
     microbatches: int | None = opt(None, "micro-batches per DP rank per step (default: "
                                          "--pp with --schedule interleaved, else 1)", type=int)
+    consecutive_microbatches: int | None = opt(
+        None, "micro-batches through a chunk before the next (--schedule interleaved; default "
+        "--pp: Megatron's depth-first; --microbatches: breadth-first)", type=int)
     cp_impl: str = opt("ring", f"context-parallel attention: {' or '.join(CP_IMPLS)}")
     recompute: str = opt("none", "activation recomputation: none, selective (the attention "
                          "core) or full (each block from its input)", choices=RECOMPUTE_MODES)
@@ -228,7 +242,8 @@ class ParallelConfig:
         # `not 0 <= x`, never `x < 0`: NaN compares False with everything
         out += broken([(not 0 <= self.bucket_mb < math.inf, "--bucket-mb", "range",
                         f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)")])
-        out += schedule_problems(self.schedule, self.pp, self.microbatches, self.virtual_stages)
+        out += schedule_problems(self.schedule, self.pp, self.microbatches, self.virtual_stages,
+                                 self.consecutive_microbatches)
         return out + broken(self._shard_rules(model, seq_len)
                             + self._fit_rules(model, seq_len, global_batch, end_stages))
 
@@ -338,10 +353,6 @@ class TrainConfig:
     # (`hf.with_model`, which `preflight.check_run` calls first); it replaces --model's.
     init_model: ModelConfig | None = None
     peak_flops: float | None = None   # the device's peak, for MFU (measured when None)
-    # Called on every rank as after_backward(step, chunks, dp, grid) once the step's
-    # gradients are reduced, before clipping; what it returns (when not None) comes back in
-    # that rank's result under "probes", by step. Tests read gradients this way.
-    after_backward: Callable | None = None
 
     def model_config(self) -> ModelConfig:
         """The model this run trains: --init-hf's (once read), else --model's preset."""

@@ -2,8 +2,8 @@
 
 Chapter "One model, sixteen thousand GPUs" (the model's size and the arithmetic of its
 training run); the chapter "MFU and communication volume" turns it into MFU. Torch-free: the
-cost model and the book use it without a process group. Measuring this machine's peak is
-`minipar.runtime.peak`'s job.
+cost model and the book use it without a process group. A GPU's peak is its data sheet's
+(`minipar.plan.datasheets`); measuring this machine's is `minipar.runtime.peak`'s job.
 
 The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and torchtitan use it:
 
@@ -20,7 +20,9 @@ The convention is PaLM's (Chowdhery et al. 2022, appendix B), as Llama 3 and tor
   kernel skips half of it (Megatron-LM halves it instead, so its MFU reads lower at long s).
 
 MFU = model FLOPs actually processed per second / peak FLOP/s. *Hardware* FLOPs add the work
-done again by activation recomputation; HFU divides those by the peak instead.
+done again by activation recomputation; HFU divides those by the peak instead. `mfu` and
+`hfu` are the one place that division is written: the trainer's step record, the cost
+model, the replay and the book call them.
 """
 
 from .config import ModelConfig
@@ -102,25 +104,3 @@ def hfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float
     achieved = tokens_per_s * hardware_flops_per_token(model, seq_len, recompute)    # FLOP/s
     return achieved / (peak_flops * n_devices) if peak_flops else None
 
-
-# ------------------------------------------------------------------ the hardware's peak
-# Dense (no 2:4 sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s per GPU.
-# Matched against torch.cuda.get_device_name() in order, so the more specific names first.
-GPU_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),    # GH200's name contains it
-    ("H100 PCIe", {"bf16": 756e12, "fp32": 51e12, "tf32": 378e12}),
-    ("H100", {"bf16": 989e12, "fp32": 67e12, "tf32": 494e12}),   # SXM
-    ("B200", {"bf16": 2250e12, "fp32": 80e12, "tf32": 1100e12}),
-    ("A100", {"bf16": 312e12, "fp32": 19.5e12, "tf32": 156e12}),
-    ("L40S", {"bf16": 362e12, "fp32": 91.6e12, "tf32": 183e12}),
-    ("L4", {"bf16": 121e12, "fp32": 30.3e12, "tf32": 60e12}),
-    ("V100", {"bf16": 125e12, "fp32": 15.7e12, "tf32": 15.7e12}),  # fp16 tensor cores (no bf16)
-]
-
-
-def gpu_peak_flops(name: str, dtype: str = "bf16") -> float | None:
-    """Data-sheet peak of the GPU called `name` for `dtype` ("bf16", "tf32", "fp32")."""
-    for key, peaks in GPU_PEAK_FLOPS:
-        if key.lower() in name.lower():
-            return peaks.get(dtype)
-    return None

@@ -10,7 +10,8 @@ program and throws the clock away:
    of one layer inside it), post (a collective, send or receive issued), wait (the rank
    stops until what it names has arrived). A blocking collective is a post and a wait.
 2. `Physics`: each operation re-timed on the target: a layer's forward or backward by the
-   cost model's kernels at the target model's shapes (`costmodel.time.pass_seconds`), split
+   cost model's kernels at the target model's shapes (`costmodel.time.pass_seconds` of the
+   target, a `Scenario`), split
    over the segments the collectives cut it into in proportion to the recorded time; each
    collective and send by the link its group crosses on the target cluster
    (`costmodel.hardware.axis_seconds`: TP inside a server, DP across), its bytes scaled from
@@ -41,14 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import flops, traces
+from .blocking import run_until_blocked, stuck
 from .config import ConfigError, ModelConfig, ParallelConfig
 from .costmodel import frameworks, gpu_cluster
-from .costmodel.constants import BF16_MIXED, LLAMA3_EFFICIENCY
-from .costmodel.hardware import axis_seconds
+from .costmodel.constants import LLAMA3_EFFICIENCY
 from .costmodel.memory import param_total_local
+from .costmodel.scenario import Scenario
 from .costmodel.time import estimate, pass_seconds
 from .costmodel.workload import make_workload
 from .formulas.collectives import wire_bytes
+from .memory import BF16_MIXED
 from .schedules import rank_layers, stage_layer_counts
 
 AXES = ("tp", "cp", "pp", "dp")
@@ -138,15 +141,10 @@ def _compute(ops: list[Op], units: dict, pid: int, action: dict, layer: dict | N
 
 
 # ================================================================ 2. the target's physics
-@dataclass
-class Target:
-    """The cluster a trace is replayed on, and the run it was recorded from."""
-    model: ModelConfig
-    pc: ParallelConfig
-    cluster: object
-    work: object
-    precision: object
-    eff: object
+@dataclass(frozen=True)
+class Target(Scenario):
+    """The step a trace is replayed as (the cost model's `Scenario`: the target model,
+    layout, cluster, batch and stack), and the run it was recorded from."""
     recorded_model: ModelConfig
     recorded_pc: ParallelConfig
     recorded_seq: int
@@ -190,25 +188,25 @@ class Physics:
 
     def __init__(self, t: Target, element_bytes: int = 4):
         self.t, self.elem = t, element_bytes            # the recorded run computed in fp32
-        self.passes = pass_seconds(t.model, t.pc, t.work, t.cluster, t.eff)
+        self.passes = pass_seconds(t)
         self.layers = t.model.n_layers / t.recorded_model.n_layers   # target layers per recorded one
-        self.tokens = t.work.microbatch_size * t.work.seq_len / t.pc.cp
+        self.tokens = t.work.microbatch_size * t.work.seq_len / t.parallel.cp
         self.recorded_tokens = t.work.microbatch_size * t.recorded_seq / t.recorded_pc.cp
 
     def compute(self, u: dict) -> float:
         """Seconds of a unit of compute: one layer's pass, or an action's own part."""
-        p, pc, kind, layer = self.passes, self.t.pc, u["kind"], u["layer_kind"]
+        p, pc, kind, layer = self.passes, self.t.parallel, u["kind"], u["layer_kind"]
         last = u["stage"] == pc.pp * pc.virtual_stages - 1      # the global stage of the head
         if kind == "optimizer":
-            return p["optimizer"]
+            return p.optimizer
         if layer == "F":                       # a forward, or its recomputation in a backward
-            return p["F"] * self.layers
+            return p.F * self.layers
         if layer == "B":
-            return (p["B"] + (0.0 if pc.schedule == "zb" else p["W"])) * self.layers
+            return (p.B + (0.0 if pc.schedule == "zb" else p.W)) * self.layers
         if kind == "W":                        # zero-bubble's weight gradients, all the chunk's
             counts = stage_layer_counts(self.t.model.n_layers, pc.pp * pc.virtual_stages)
-            return p["W"] * counts[u["stage"]]
-        return p.get(f"head_{kind}", 0.0) if last else 0.0
+            return p.W * counts[u["stage"]]
+        return getattr(p, f"head_{kind}", 0.0) if last else 0.0     # the head's F or B
 
     def comm(self, c: dict, stage: int) -> float:
         """Seconds of one collective or send on the target's link for its axis."""
@@ -221,9 +219,10 @@ class Physics:
         # a layer's TP and CP messages: one recorded layer's stand for several target layers'
         # (DP's buckets scale with the parameters instead, which count every layer)
         times = self.layers if "layer" in c and axis in ("tp", "cp") else 1.0
-        n = {"tp": self.t.pc.tp, "cp": self.t.pc.cp, "pp": 2, "dp": self.t.pc.dp * self.t.pc.cp}[axis]
+        pc = self.t.parallel
+        n = {"tp": pc.tp, "cp": pc.cp, "pp": 2, "dp": pc.dp * pc.cp}[axis]
         nbytes = full if op == "send" else wire_bytes(op, n, int(full))
-        return times * axis_seconds(nbytes, axis, self.t.pc, self.t.cluster, self.t.eff.links, op, 1)
+        return times * self.t.seconds(nbytes, axis, op, 1)
 
     def ratio(self, axis: str, op: str, full: float, stage: int) -> float:
         """Target bytes over recorded bytes of one message of `axis`."""
@@ -235,12 +234,12 @@ class Physics:
             return tokens * (m.dim / r.dim * act if row else 1.0)
         if axis == "cp":     # K and V of the rank's heads (Ulysses' all-to-all: every head)
             width = (lambda x: x.dim) if op == "all_to_all" else (lambda x: x.n_kv_heads * x.head_dim)
-            return tokens * act * (width(m) / t.pc.tp) / (width(r) / t.recorded_pc.tp)
+            return tokens * act * (width(m) / t.parallel.tp) / (width(r) / t.recorded_pc.tp)
         if axis == "pp":
-            sp = t.recorded_pc.tp / t.pc.tp if t.pc.sp else 1.0
+            sp = t.recorded_pc.tp / t.parallel.tp if t.parallel.sp else 1.0
             return tokens * act * m.dim / r.dim * sp
         dtype = t.precision.param_bytes if op == "all_gather" else t.precision.reduce_bytes
-        return (self._params(m, t.pc, stage) / self._params(r, t.recorded_pc, stage)) * dtype / self.elem
+        return (self._params(m, t.parallel, stage) / self._params(r, t.recorded_pc, stage)) * dtype / self.elem
 
     @staticmethod
     def _params(model: ModelConfig, pc: ParallelConfig, stage: int) -> int:
@@ -331,40 +330,42 @@ class Streams:
 
 def simulate(progs: dict[int, list[Op]], compute, comm) -> dict:
     """Replay every rank's program: `compute(rank, op)` and `comm(comm_event, rank)` give
-    seconds. Returns each rank's spans {"spans": {rank: [(cat, what, start, end)]}, "end":
-    {rank: time}} in seconds. A program that can never finish (a wait whose peer never
-    posts) raises naming the ranks and what they wait for."""
+    seconds. Each rank runs until a wait stops it (`blocking.run_until_blocked`, the
+    schedules' simulator too). Returns each rank's spans {"spans": {rank: [(cat, what, start,
+    end)]}, "end": {rank: time}} in seconds. A program that can never finish (a wait whose
+    peer never posts) raises naming the ranks and what they wait for."""
     streams = Streams(progs, comm)
-    clock, pc, spans = {r: 0.0 for r in progs}, {r: 0 for r in progs}, {r: [] for r in progs}
-    moved = True
-    while moved:                  # each rank runs until it must wait for another
-        moved = False
-        for r, prog in progs.items():
-            while pc[r] < len(prog):
-                op = prog[pc[r]]
-                if op.kind == "compute":
-                    d = compute(r, op)
-                    spans[r].append(("compute", op.unit, clock[r], clock[r] + d))
-                    clock[r] += d
-                elif op.kind == "post":
-                    streams.post(streams.of[(r, op.comm["id"])], r, clock[r])
-                else:
-                    waited = [streams.of[(r, i)] for i in op.ids if (r, i) in streams.of]
-                    if any(f.end is None for f in waited):
-                        break
-                    end = max([clock[r], *(f.end for f in waited)])
-                    if end > clock[r]:
-                        spans[r].append(("wait", op.ids, clock[r], end))
-                    clock[r] = end
-                pc[r] += 1
-                moved = True
-    stuck = {r: prog[pc[r]].ids for r, prog in progs.items() if pc[r] < len(prog)}
-    if stuck:
+
+    def start(r: int, op: Op, clock: float):      # each rank runs until it must wait
+        if op.kind == "compute":
+            return clock, clock + compute(r, op)
+        if op.kind == "post":                     # posting does not stop the rank
+            streams.post(streams.of[(r, op.comm["id"])], r, clock)
+            return clock, clock
+        waited = [streams.of[(r, i)] for i in op.ids if (r, i) in streams.of]
+        if any(f.end is None for f in waited):
+            return None
+        return clock, max([clock, *(f.end for f in waited)])
+
+    times = run_until_blocked(progs, start)
+    if blocked := stuck(progs, times):
         raise RuntimeError("the replay cannot finish: " + "; ".join(
-            f"rank {r} waits for {ids}" for r, ids in sorted(stuck.items())[:8]))
+            f"rank {r} waits for {op.ids}" for r, op in sorted(blocked.items())[:8]))
+    spans = {r: _spans(prog, times[r]) for r, prog in progs.items()}
     for (r, _), f in streams.of.items():
         spans[r].append(("comm", f, f.start, f.end))
-    return {"spans": spans, "end": clock}
+    return {"spans": spans, "end": {r: t[-1][1] if t else 0.0 for r, t in times.items()}}
+
+
+def _spans(prog: list[Op], times: list) -> list:
+    """A rank's computations and the waits that took time, as (cat, what, start, end)."""
+    out = []
+    for op, (begin, end) in zip(prog, times):
+        if op.kind == "compute":
+            out.append(("compute", op.unit, begin, end))
+        elif op.kind == "wait" and end > begin:
+            out.append(("wait", op.ids, begin, end))
+    return out
 
 
 # ================================================================ 4. what the replay shows
@@ -385,8 +386,8 @@ class Replay:
         t = self.target
         return {"step_time_s": self.step_time_s, "bubble_fraction": self.bubble_fraction,
                 "exposed_s": self.exposed_s, "hidden_s": self.hidden_s, "mfu": self.mfu,
-                "widened": self.widened, "gpus": t.pc.world_size, "model": t.model.name,
-                "layout": t.pc.as_dict(), "seq_len": t.work.seq_len, "gpu": t.cluster.name}
+                "widened": self.widened, "gpus": t.parallel.world_size, "model": t.model.name,
+                "layout": t.parallel.as_dict(), "seq_len": t.work.seq_len, "gpu": t.cluster.name}
 
 
 def replay(trace: dict, gpu: str = "h100", framework: str | None = None, model: str | None = None,
@@ -461,7 +462,7 @@ def replayed_trace(sim: dict, units: dict, meta: dict, target: Target) -> dict:
         events += traces.track("thread", r, 0, "compute", 0)
         events += traces.rank_events(r, mine, 0)
     replayed = {"gpu": target.cluster.name, "model": target.model.name,
-                "layout": target.pc.as_dict(), "widened": target.widened, "recorded": meta}
+                "layout": target.parallel.as_dict(), "widened": target.widened, "recorded": meta}
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"minipar": {**meta, "replay": replayed}}}
 
@@ -488,8 +489,8 @@ def measure(trace: dict, sim: dict, units: dict, target: Target) -> Replay:
         idle += (window[0][1] - traces.length(traces.intersect(doing, window))) / 1e6
     bubble = idle / len(ranks) / pipeline_end if pipeline_end else 0.0
     w = target.work
-    mfu = w.tokens * flops.flops_per_token(target.model, w.seq_len) / (
-        step * target.pc.world_size * target.cluster.peak_flops)
+    mfu = flops.mfu(w.tokens / step, target.model, w.seq_len, target.cluster.peak_flops,
+                    target.parallel.world_size)
     keep = {a: 0.0 for a in AXES}
     return Replay(step, bubble, {**keep, **{a: exposed[a] for a in AXES if a in exposed}},
                   {**keep, **{a: hidden[a] for a in AXES if a in hidden}}, mfu, target.widened,
@@ -503,7 +504,7 @@ def analytic(target: Target, trace: dict | None = None):
     --bucket-mb means a size, and the target's gradients are far larger than the run's.
     Its pipeline ranks hold what the trainer's did: the layers balanced, the head on the
     last (the cost model's default spreads the head, as Llama 3 balanced its stages)."""
-    w, pc = target.work, target.pc
+    w, pc = target.work, target.parallel
     if trace is not None and pc.bucket_mb > 0:
         first = traces.by_rank(trace)[0]
         windows = traces.step_windows(first, 0)
@@ -515,7 +516,7 @@ def analytic(target: Target, trace: dict | None = None):
         pc = pc.replace(bucket_mb=grads / max(n, 1) / 1e6)
     return estimate(target.model, pc, target.cluster, w.seq_len, global_batch=w.global_batch,
                     microbatch_size=w.microbatch_size, recompute=w.recompute,
-                    precision=target.precision, efficiency=target.eff, stage_split="trainer")
+                    precision=target.precision, efficiency=target.efficiency, stage_split="trainer")
 
 
 # ================================================================ the command line
@@ -564,8 +565,8 @@ def main(argv=None) -> int:
 
 def format_replay(r: Replay) -> str:
     t = r.target
-    lines = [f"{t.model.name} on {t.pc.world_size:,} x {t.cluster.name}, "
-             + " ".join(f"{k}{getattr(t.pc, k)}" for k in AXES)
+    lines = [f"{t.model.name} on {t.parallel.world_size:,} x {t.cluster.name}, "
+             + " ".join(f"{k}{getattr(t.parallel, k)}" for k in AXES)
              + (f" (widened: {', '.join(f'{k} to {v}' for k, v in r.widened.items())})" if r.widened else ""),
              f"step {r.step_time_s:.3f} s, MFU {r.mfu:.1%}, bubble {r.bubble_fraction:.1%}",
              "axis   exposed ms  hidden ms"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 
+from .blocking import run_until_blocked, stuck
 from .schedules import Event, Schedule, Timeline, rank_and_chunk
 
 
@@ -39,25 +40,28 @@ def check_p2p_plan(plan) -> None:
     """Run `plan` (`schedules.p2p_plan`) as if every send and receive blocked until its
     partner is posted (the strictest transport, a rendezvous) and raise `RuntimeError` if it
     cannot finish. It also proves each pair of ranks posts its messages to each other in
-    the same order."""
-    p = len(plan)
-    # each rank's posts (computations never block), as a stack: the next one last
-    todo = [[step for step in reversed(prog) if step[0] != "compute"] for prog in plan]
-    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for posts in todo for _, m in posts)
-    moved = True
-    while moved:
-        moved = False
-        for posts in todo:             # a transfer: a send meeting its receive, seen by the sender
-            if posts and posts[-1][0] == "send":
-                msg = posts[-1][1]
-                peer = todo[rank_and_chunk(msg.dst_stage, p)[0]]
-                if peer and peer[-1] == ("recv", msg):
-                    posts.pop()
-                    peer.pop()
-                    moved = True
-    stuck = [f"rank {r} at {posts[-1]}" for r, posts in enumerate(todo) if posts]
-    if stuck:
-        raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(stuck))
+    the same order. Each rank runs until it blocks (`blocking.run_until_blocked`): a send
+    offers its message and waits until the receiver, at that very receive, has taken it."""
+    pp = len(plan)
+    # each rank's posts: computations never block
+    posts = {r: [step for step in prog if step[0] != "compute"] for r, prog in enumerate(plan)}
+    n_stages = 1 + max(max(m.src_stage, m.dst_stage) for steps in posts.values() for _, m in steps)
+    offered, taken = set(), set()
+
+    def start(r: int, step, clock: float):
+        what, msg = step
+        if what == "send":                   # the sender waits at its send until taken
+            offered.add(msg)
+            return (clock, clock) if msg in taken else None
+        if msg not in offered or rank_and_chunk(msg.dst_stage, pp)[0] != r:
+            return None
+        taken.add(msg)
+        return clock, clock
+
+    blocked = stuck(posts, run_until_blocked(posts, start))
+    if blocked:
+        raise RuntimeError(f"p2p plan deadlocks over {n_stages} stages: " + "; ".join(
+            f"rank {r} at {step}" for r, step in blocked.items()))
 
 
 # -- a measured run ---------------------------------------------------------------------------

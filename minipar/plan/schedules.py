@@ -10,9 +10,9 @@ answered in `schedule_analysis.py`, which the trainer never imports.
 
 Vocabulary (the field's, as in Megatron-LM and the zero-bubble paper):
 
-* p = `n_stages`, the number of pipeline ranks; m = `n_microbatches`, micro-batches per step.
+* p = `pp`, the number of pipeline ranks; m = `n_microbatches`, micro-batches per step.
 * v = `n_virtual`, model chunks per rank (virtual stages). Chunk c on rank r holds the global
-  stage c*p + r, so the model's p*v stages go round the ranks v times.
+  stage c*p + r, so the model's `n_stages` = p*v stages go round the ranks v times.
 * An action is F (forward), B (backward) or, when the backward is split as in zero-bubble
   schedules, B = gradient w.r.t. the stage's input and W = gradient w.r.t. its weights.
   Only B sits on the critical path between stages; W can wait to fill a bubble.
@@ -23,6 +23,7 @@ import itertools
 from collections import Counter
 from typing import NamedTuple
 
+from .blocking import run_until_blocked, stuck
 from .config import ConfigError, ModelConfig, positive, refuse, schedule_problems
 
 # The chapter's closed forms (the bubble of each schedule, the bytes, what is in flight) are
@@ -42,9 +43,9 @@ class Action(NamedTuple):
     microbatch: int
     chunk: int = 0
 
-    def stage(self, rank: int, n_stages: int) -> int:
-        """The global model stage this action runs on rank `rank` of `n_stages` ranks."""
-        return stage_of(rank, self.chunk, n_stages)
+    def stage(self, rank: int, pp: int) -> int:
+        """The global model stage this action runs on rank `rank` of `pp` ranks."""
+        return stage_of(rank, self.chunk, pp)
 
     def __repr__(self) -> str:  # compact, so a printed schedule reads like the figures
         return f"{self.kind}{self.microbatch}" + (f"c{self.chunk}" if self.chunk else "")
@@ -53,14 +54,14 @@ class Action(NamedTuple):
 Schedule = list[list[Action]]
 
 
-def stage_of(rank: int, chunk: int, n_stages: int) -> int:
-    """Global stage of `chunk` on `rank`: chunks go round the ranks (Megatron's layout)."""
-    return chunk * n_stages + rank
+def stage_of(rank: int, chunk: int, pp: int) -> int:
+    """Global stage of `chunk` on `rank` of `pp`: chunks go round the ranks (Megatron's layout)."""
+    return chunk * pp + rank
 
 
-def rank_and_chunk(stage: int, n_stages: int) -> tuple[int, int]:
+def rank_and_chunk(stage: int, pp: int) -> tuple[int, int]:
     """The (rank, chunk) that holds global `stage`: the inverse of `stage_of`."""
-    return stage % n_stages, stage // n_stages
+    return stage % pp, stage // pp
 
 
 # --------------------------------------------------------------------------- the stage split
@@ -110,15 +111,15 @@ def stage_layer_counts(n_layers: int, n_stages: int) -> list[int]:
     return [len(r) for r in stage_split(n_layers, n_stages)]
 
 
-def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, stage: int) -> int:
-    """Layers held by pipeline rank `stage` (its chunks are global stages c*pp + stage)."""
+def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, rank: int) -> int:
+    """Layers held by pipeline rank `rank` (its chunks are global stages c*pp + rank)."""
     counts = stage_layer_counts(model.n_layers, pp * virtual_stages)
-    return sum(counts[c * pp + stage] for c in range(virtual_stages))
+    return sum(counts[stage_of(rank, c, pp)] for c in range(virtual_stages))
 
 
 # --------------------------------------------------------------------------- schedules
 
-def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int = 1,
+def make_schedule(name: str, pp: int, n_microbatches: int, n_virtual: int = 1,
                   consecutive: int | None = None) -> Schedule:
     """Each pipeline rank's list of actions for one training step.
 
@@ -126,35 +127,23 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, n_virtual: int 
     "interleaved" (Megatron's interleaved 1F1B over `n_virtual` chunks per rank) or
     "zb" (ZB-H1 of the zero-bubble paper: backward split into B and W, W deferred).
 
-    consecutive (interleaved only): N, how many micro-batches pass through one chunk before
-    the rank moves on to its next chunk. Megatron's depth-first schedule has N = p (the
-    default); N = m is the breadth-first schedule; Llama 3 made N tunable, so that m need
-    not be a multiple of p (p = 4, m = 10: N = 5) and m may even be below p (N = m).
-    Rules: m a multiple of N, and N >= p unless N = m. With N >= p the bubble is exactly
-    (p-1)/(v*m+p-1); a larger N holds more activations (`schedule_analysis.peak_in_flight`).
+    consecutive (interleaved only, `--consecutive-microbatches`): N, how many micro-batches
+    pass through one chunk before the rank moves on to its next chunk. Megatron's
+    depth-first schedule has N = p (the default); N = m is the breadth-first schedule; Llama 3
+    made N tunable, so that m need not be a multiple of p (p = 4, m = 10: N = 5) and m may
+    even be below p (N = m). Rules: m a multiple of N, and N >= p unless N = m. With N >= p
+    the bubble is exactly (p-1)/(v*m+p-1); a larger N holds more activations
+    (`schedule_analysis.peak_in_flight`).
 
-    Errors (`ConfigError`, a ValueError) name the CLI flag and the rule broken.
+    Errors (`ConfigError`, a ValueError) name the CLI flag and the rule broken
+    (`config.schedule_problems`, the rules the layout's check applies too).
     """
-    p, m, v = n_stages, n_microbatches, n_virtual
-    # The layout's rules (`config.schedule_problems`), but with a group size of its own,
-    # `consecutive`, "m a multiple of p" (rule "groups") gives way to the rules below.
-    refuse(positive(pp=p, microbatches=m, virtual_stages=v) or [
-        b for b in schedule_problems(name, p, m, v) if consecutive is None or b.rule != "groups"])
+    p, m, v = pp, n_microbatches, n_virtual
+    refuse(positive(pp=p, microbatches=m, virtual_stages=v)
+           or schedule_problems(name, p, m, v, consecutive))
     if name != "interleaved":
-        if consecutive is not None:
-            raise ConfigError(f"consecutive micro-batches only apply to --schedule interleaved, "
-                              f"not {name!r}")
         return {"afab": _afab, "1f1b": _one_f_one_b, "zb": _zb_h1}[name](p, m)
-    n = p if consecutive is None else consecutive
-    needs = f"--schedule interleaved with {n} consecutive micro-batches needs"
-    if m % n:
-        raise ConfigError(f"{needs} --microbatches ({m}) to be a multiple of {n}")
-    if n < p and n != m:
-        # Found with `simulate`: several groups smaller than the pipeline deadlock in this
-        # order. A single group of m < p runs (Llama 3's "fewer micro-batches than stages").
-        raise ConfigError(f"{needs} at least --pp {p} of them per group, or all --microbatches "
-                          f"({m}) in one group")
-    return _interleaved(p, m, v, n)
+    return _interleaved(p, m, v, p if consecutive is None else consecutive)
 
 
 def _afab(p: int, m: int) -> Schedule:
@@ -232,19 +221,19 @@ def _n_chunks(schedule: Schedule) -> int:
     return 1 + max((a.chunk for acts in schedule for a in acts), default=0)
 
 
-def dependencies(action: Action, rank: int, n_stages: int, n_chunks: int = 1
+def dependencies(action: Action, rank: int, pp: int, n_chunks: int = 1
                  ) -> list[tuple[str, int, int]]:
-    """What `action` on `rank` waits for, as (kind, microbatch, global stage) triples.
+    """What `action` on `rank` of `pp` waits for, as (kind, microbatch, global stage) triples.
 
     F of stage k needs F of stage k-1 (its input activation); B of stage k needs its own F
     (the saved activations) and B of stage k+1 (the gradient of its output); W needs its own
     B (which produced the gradient of the stage's output it multiplies with its input).
     """
-    s, mb = action.stage(rank, n_stages), action.microbatch
+    s, mb = action.stage(rank, pp), action.microbatch
     if action.kind == "F":
         return [("F", mb, s - 1)] if s > 0 else []
     if action.kind == "B":      # the last stage starts from its loss
-        return [("F", mb, s)] + ([("B", mb, s + 1)] if s < n_stages * n_chunks - 1 else [])
+        return [("F", mb, s)] + ([("B", mb, s + 1)] if s < pp * n_chunks - 1 else [])
     return [("B", mb, s)]             # W (`check_schedule` has refused any other kind)
 
 
@@ -305,48 +294,45 @@ def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float 
              t_comm: float = 0.0) -> Timeline:
     """Run `schedule` in simulated time and return its `Timeline`.
 
-    Times are per micro-batch per chunk. Each rank executes its list in order; an action
-    starts when its rank is free and its `dependencies` have finished (plus `t_comm` when a
-    dependency ran on another rank). If the schedule splits backwards (it has W actions),
-    B takes t_b and W takes t_w; otherwise B computes both gradients and takes t_b + t_w,
-    so one set of times compares 1F1B and zero-bubble fairly. Raises `ScheduleError` if the
-    order deadlocks: every rank's next action waits for something that never comes.
+    Times are per micro-batch per chunk. Each rank executes its list in order
+    (`blocking.run_until_blocked`); an action starts when its rank is free and its
+    `dependencies` have finished (plus `t_comm` when a dependency ran on another rank). If
+    the schedule splits backwards (it has W actions), B takes t_b and W takes t_w; otherwise
+    B computes both gradients and takes t_b + t_w, so one set of times compares 1F1B and
+    zero-bubble fairly. Raises `ScheduleError` if the order deadlocks: every rank's next
+    action waits for something that never comes.
     """
     check_schedule(schedule)
-    p, v = len(schedule), _n_chunks(schedule)
+    pp, v = len(schedule), _n_chunks(schedule)
     split = any(a.kind == "W" for acts in schedule for a in acts)
     duration = {"F": t_f, "B": t_b if split else t_b + t_w, "W": t_w}
     # Each action with what it waits for: (kind, microbatch, stage) keys, and the extra
     # delay of each (the p2p transfer, when the dependency ran on another rank).
-    plan = [[(a, [(d, t_comm if d[2] % p != r else 0.0) for d in dependencies(a, r, p, v)])
-             for a in acts] for r, acts in enumerate(schedule)]
-    # end times by (kind, mb, stage); when each rank is next idle; each rank's next action
-    done, free, nxt, events = {}, [0.0] * p, [0] * p, []
-    progress = True
-    while progress:                                    # sweep the ranks until none can move
-        progress = False
-        for r in range(p):
-            while nxt[r] < len(plan[r]):               # run rank r as far as it can go
-                a, deps = plan[r][nxt[r]]
-                if not all(d in done for d, _ in deps):
-                    break
-                start = max([free[r]] + [done[d] + delay for d, delay in deps])
-                free[r] = done[(a.kind, a.microbatch, a.stage(r, p))] = start + duration[a.kind]
-                events.append(Event(r, a.kind, a.microbatch, a.chunk, start, free[r]))
-                nxt[r] += 1
-                progress = True
-    if any(nxt[r] < len(acts) for r, acts in enumerate(plan)):
-        raise ScheduleError("schedule deadlocks: " + _blocked(plan, nxt, done, p))
-    events.sort(key=lambda e: e.rank)                  # stable: each rank's list order
-    return Timeline(events, p, max(free, default=0.0))
+    plan = {r: [(a, [(d, t_comm if d[2] % pp != r else 0.0) for d in dependencies(a, r, pp, v)])
+                for a in acts] for r, acts in enumerate(schedule)}
+    done = {}                                          # end times by (kind, mb, stage)
+
+    def start(r: int, step, free: float):
+        a, deps = step
+        if not all(d in done for d, _ in deps):
+            return None
+        begin = max([free] + [done[d] + delay for d, delay in deps])
+        done[(a.kind, a.microbatch, a.stage(r, pp))] = begin + duration[a.kind]
+        return begin, begin + duration[a.kind]
+
+    spans = run_until_blocked(plan, start)
+    if blocked := stuck(plan, spans):
+        raise ScheduleError("schedule deadlocks: " + _blocked(blocked, done, pp))
+    events = [Event(r, a.kind, a.microbatch, a.chunk, *span)
+              for r, acts in enumerate(schedule) for a, span in zip(acts, spans[r])]
+    return Timeline(events, pp, max((s[-1][1] if s else 0.0 for s in spans.values()), default=0.0))
 
 
-def _blocked(plan, nxt, done, p) -> str:
+def _blocked(blocked: dict, done: dict, pp: int) -> str:
     """Why `simulate` stopped: each stuck rank's next action and what it still waits for."""
-    stuck = [(r, *plan[r][i]) for r, i in enumerate(nxt) if i < len(plan[r])]
     return "; ".join(f"rank {r} is stuck at {a!r}, waiting for " + ", ".join(
-        f"{k}{mb} of stage {s} (rank {rank_and_chunk(s, p)[0]})"
-        for (k, mb, s), _ in deps if (k, mb, s) not in done) for r, a, deps in stuck)
+        f"{k}{mb} of stage {s} (rank {rank_and_chunk(s, pp)[0]})"
+        for (k, mb, s), _ in deps if (k, mb, s) not in done) for r, (a, deps) in blocked.items())
 
 
 # --------------------------------------------------------------------------- the p2p plan
@@ -371,18 +357,19 @@ class Message(NamedTuple):
 _PASSES = {"F": ("act", 1), "B": ("grad", -1)}
 
 
-def inputs_of(a: Action, rank: int, p: int, n_stages: int) -> list[Message]:
-    """Messages action `a` on `rank` must receive before it can run: what the same kind of
-    action passed on from the neighbouring stage (F from the one before, B the one after)."""
+def inputs_of(a: Action, rank: int, pp: int, n_stages: int) -> list[Message]:
+    """Messages action `a` on `rank` of `pp` must receive before it can run (of `n_stages`
+    global stages): what the same kind of action passed on from the neighbouring stage (F
+    from the one before, B the one after)."""
     kind, step = _PASSES.get(a.kind, (None, 0))
-    src = a.stage(rank, p) - step
+    src = a.stage(rank, pp) - step
     return [Message(kind, a.microbatch, src)] if step and 0 <= src < n_stages else []
 
 
-def outputs_of(a: Action, rank: int, p: int, n_stages: int) -> list[Message]:
-    """Messages action `a` on `rank` sends when it is done."""
+def outputs_of(a: Action, rank: int, pp: int, n_stages: int) -> list[Message]:
+    """Messages action `a` on `rank` of `pp` sends when it is done."""
     kind, step = _PASSES.get(a.kind, (None, 0))
-    msg = Message(kind, a.microbatch, a.stage(rank, p))
+    msg = Message(kind, a.microbatch, a.stage(rank, pp))
     return [msg] if step and 0 <= msg.dst_stage < n_stages else []
 
 

@@ -26,12 +26,14 @@ checkpoint or the new one, never half of one: a reader follows `latest`, and `la
 ever names a directory whose manifest was written after everything it lists.
 
 **Resharding.** Each saved slice says which part of the global tensor it is: TP shards are
-contiguous chunks along the parameter's `_tp_dim` (`tensor.shard_param`), ZeRO pieces are
-flat ranges of the TP-local tensor (`FlatShards.piece_range`), pipeline stages name their
-layers by global index. Loading rebuilds each full tensor from the slices that hold it and
-cuts it again the way the *new* layout cuts it, so a run saved at tp2 x pp2 resumes at
-dp2 x cp2, or ZeRO-3 resumes without ZeRO. Replicated tensors (over DP without ZeRO, over
-TP for norms) are saved once: by the rank whose copy counts (`grid.counts`).
+contiguous chunks along the dim the parameter is placed `Shard(dim)` on "tp"
+(`placement.py`), ZeRO pieces are flat ranges of the TP-local tensor
+(`FlatShards.piece_range`), pipeline stages name their layers by global index. Loading
+rebuilds each full tensor from the slices that hold it and cuts it again the way the *new*
+layout cuts it (`placement.local_index`, the layers' own rule), so a run saved at
+tp2 x pp2 resumes at dp2 x cp2, or ZeRO-3 resumes without ZeRO. Replicated tensors (over
+DP without ZeRO, over TP for norms) are saved once: by the rank whose copy counts
+(`grid.counts`).
 
 At scale this is how a checkpoint of Llama 3 405B works too (each GPU writes its own
 state, 1 MB to 4 GB of it, in parallel); a real implementation streams tensors instead of
@@ -52,8 +54,9 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from ..trainer import comm
 from ..plan.config import ConfigError, ModelConfig
+from ..trainer import comm
+from ..trainer.placement import Shard, local_index, placements
 
 FORMAT = "minipar-checkpoint/1"
 MANIFEST, LATEST, HISTORY, RNG = "manifest.json", "latest", "history.jsonl", "rng.pt"
@@ -285,7 +288,8 @@ def shard_entries(chunks, dp, optimizer, grid, model: ModelConfig):
         shard = dp.shard_of(p)
         if shard.start == shard.stop or not grid.counts(p, dp.holds_replicas):
             continue
-        tp_dim = getattr(p, "_tp_dim", None)
+        tp = placements(p).get("tp")
+        tp_dim = tp.dim if isinstance(tp, Shard) else None
         tp_rank, tp_size = (grid.tp.rank, grid.tp.size) if tp_dim is not None else (0, 1)
         entry = {"name": name, "shape": list(shard.shape), "start": shard.start,
                  "stop": shard.stop, "tp_dim": tp_dim, "tp_rank": tp_rank, "tp_size": tp_size,
@@ -327,11 +331,6 @@ def full_state(entries: list[dict]) -> dict[str, torch.Tensor]:
     for e in entries:
         by_name[e["name"]].append(e)
     return {name: full_tensor(es) for name, es in by_name.items()}
-
-
-def tp_local(full: torch.Tensor, tp_dim: int | None, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """The TP rank's part of a global tensor, cut exactly as `tensor.shard_param` cuts it."""
-    return full if tp_dim is None else full.chunk(tp_size, dim=tp_dim)[tp_rank]
 
 
 # ================================================================ files
@@ -481,10 +480,10 @@ def load(path: str, chunks, dp, optimizer, grid, model: ModelConfig) -> tuple[in
 
 
 def _restore(p, entries, dp, optimizer, grid):
-    shard, tp_dim = dp.shard_of(p), getattr(p, "_tp_dim", None)
-    # this layout's TP-local tensor of each key saved (the weight; AdamW's m and v), ...
-    local = {k: tp_local(full_tensor(entries, k), tp_dim, grid.tp.rank, grid.tp.size)
-             for k in ("param", *ADAM) if k in entries[0]}
+    shard = dp.shard_of(p)
+    # each key saved (the weight; AdamW's m and v) whole, then this layout's part of it, ...
+    full = {k: full_tensor(entries, k) for k in ("param", *ADAM) if k in entries[0]}
+    local = {k: t[local_index(t.shape, placements(p), grid.axes)] for k, t in full.items()}
     # ... and the piece of it this rank holds (all of it, or its ZeRO range)
     piece = {k: t.reshape(-1)[shard.start:shard.stop] for k, t in local.items()}
     if p.shape == shard.shape:

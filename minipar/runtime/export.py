@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from . import checkpoint
-from ..plan.flags import Parser
 from ..plan.config import ConfigError, ModelConfig
+from ..plan.flags import Parser
+from . import checkpoint
 from .hf import save_pretrained
 
 PROG = "python -m minipar.export"

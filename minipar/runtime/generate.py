@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from ..plan.flags import Parser
 from ..plan.config import ConfigError, refuse
+from ..plan.flags import Parser
+from ..trainer.model import Transformer
 from .export import checkpoint_state
 from .hf import CONFIG, check_dir, hf_name, read_config, tokenizer_file, weight_files
-from ..trainer.model import Transformer
 
 PROG = "python -m minipar.generate"
 

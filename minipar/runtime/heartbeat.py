@@ -129,7 +129,7 @@ class StoreHeartbeat(Heartbeat):
         store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")   # a restart starts afresh
         self.store = dist.PrefixStore(
-            f"minipar/runtime/heartbeat/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{attempt}/", store)
+            f"minipar/heartbeat/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{attempt}/", store)
         self.store.set(f"where/{rank}", node_name())
         # rank 0 watches every peer and rank 1 watches rank 0: O(world size) reads of the
         # store per period for the whole job, not O(world size squared)

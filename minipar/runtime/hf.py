@@ -37,10 +37,11 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ..trainer import comm
-from .checkpoint import ADAM, MARK, full_state, named_params, replace_dir, shard_entries
 from ..plan.config import ConfigError, ModelConfig, TrainConfig
+from ..trainer import comm
 from ..trainer.model import Transformer
+from ..trainer.placement import local_index, placements
+from .checkpoint import ADAM, MARK, full_state, named_params, replace_dir, shard_entries
 
 WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -231,27 +232,22 @@ def _open_all(stack: contextlib.ExitStack, files) -> dict:
 
 
 # ================================================================ reading: a rank's slices
-def read_piece(sl, local_shape, tp_dim: int | None, tp_rank: int, tp_size: int,
-               start: int, stop: int) -> torch.Tensor:
-    """Elements start:stop (flattened) of this TP rank's part of a stored tensor, reading
-    only what holds them: the TP rank's rows or columns, and of those only the rows that
+def read_piece(sl, index: tuple[slice, ...], start: int, stop: int) -> torch.Tensor:
+    """Elements start:stop (flattened) of the part `index` of a stored tensor (this rank's,
+    `placement.local_index`), reading only what holds them: of the part's rows, only those
     the flat range start:stop touches (a ZeRO piece)."""
-    index = [slice(None)] * len(sl.get_shape())
-    if tp_dim is not None:               # cut as `tensor.shard_param` cuts: contiguous chunks
-        n = sl.get_shape()[tp_dim] // tp_size
-        index[tp_dim] = slice(tp_rank * n, (tp_rank + 1) * n)
-    row = math.prod(local_shape[1:])     # elements in one row of the TP-local tensor
+    row = math.prod(s.stop - s.start for s in index[1:])    # elements in one row of the part
     lo, hi = start // row, -(-stop // row)
-    first = index[0].start or 0
-    index[0] = slice(first + lo, first + hi)
-    return sl[tuple(index)].reshape(-1)[start - lo * row:stop - lo * row]
+    rows = slice(index[0].start + lo, index[0].start + hi)
+    return sl[(rows, *index[1:])].reshape(-1)[start - lo * row:stop - lo * row]
 
 
 @torch.no_grad()
-def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, tp_rank: int, tp_size: int):
+def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, axes):
     """Copy the directory's weights into what this rank holds of `chunks`: for each
-    parameter, its tensor-parallel part (`_tp_dim`, set by `tensor.shard_param`) and of that
-    its `shard_of(p)` (all of it, or its ZeRO piece), read from the file by slice."""
+    parameter, its part as its placement says (`placement.local_index`, this rank's `axes`:
+    `grid.axes`) and of that its `shard_of(p)` (all of it, or its ZeRO piece), read from
+    the file by slice."""
     files, params = weight_files(path), named_params(chunks, mcfg)
     with contextlib.ExitStack() as stack:
         opened = _open_all(stack, [files[hf_name(name)] for name, _ in params])
@@ -263,9 +259,8 @@ def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, tp_rank: int, t
             start, stop = (0, p.numel()) if held else (shard.start, shard.stop)
             if start == stop:
                 continue
-            stored = opened[files[hf_name(name)]].get_slice(hf_name(name))
-            piece = read_piece(stored, shard.shape, getattr(p, "_tp_dim", None), tp_rank,
-                               tp_size, start, stop)
+            sl = opened[files[hf_name(name)]].get_slice(hf_name(name))
+            piece = read_piece(sl, local_index(sl.get_shape(), placements(p), axes), start, stop)
             (p.data.view(-1) if held else shard.data).copy_(piece)
 
 

@@ -58,12 +58,11 @@ class RankFailed(RuntimeError):
 
 
 class Stopped(RuntimeError):
-    """A signal stopped the job before its ranks could agree on a step to stop at (or
-    before any rank started); `.signum` is the signal."""
+    """A signal stopped the job before its ranks could agree on a step to stop at (or,
+    `when` says, before any rank started); `.signum` is the signal."""
 
-    def __init__(self, signum: int, message: str = ""):
-        name = signal.Signals(signum).name
-        super().__init__(message or f"stopped by {name} before the ranks reached a step boundary")
+    def __init__(self, signum: int, when: str = "before the ranks reached a step boundary"):
+        super().__init__(f"stopped by {signal.Signals(signum).name} {when}")
         self.signum = signum
 
 

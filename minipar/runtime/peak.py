@@ -1,7 +1,7 @@
 """The peak FLOP/s of the device a rank runs on: the denominator of a measured MFU.
 
 Chapter "MFU and communication volume". A GPU's peak is its data sheet's
-(`flops.gpu_peak_flops`). A CPU has no data sheet minipar can trust, so its peak is
+(`minipar.plan.datasheets`). A CPU has no data sheet minipar can trust, so its peak is
 *measured*: the best float32 matmul rate of a short benchmark, cached per CPU model and
 thread count, so that `python -m minipar.train` reports an MFU on a laptop too. The
 arithmetic of MFU itself is `minipar.plan.flops`, which needs no torch.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..plan.flops import gpu_peak_flops
+from ..plan import datasheets
 
 _CPU_PEAK: dict[str, float] = {}          # in-process cache, keyed like the file cache
 
@@ -33,7 +33,8 @@ def peak_flops(device=None, dtype: str = "bf16") -> float | None:
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
-        return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
+        sheet = datasheets.find(torch.cuda.get_device_name(device))
+        return sheet.peak_flops(dtype) if sheet else None
     return cpu_peak_flops() if device.type == "cpu" else None
 
 
@@ -54,10 +55,9 @@ def cpu_peak_flops(seconds: float = 0.5) -> float:
         return _CPU_PEAK[key]
     path = Path(os.environ.get("MINIPAR_CACHE_DIR") or Path.home() / ".cache" / "minipar")
     path = path / "cpu_peak_flops.json"
-    try:
+    cached = {}
+    with contextlib.suppress(OSError, ValueError):      # none yet, or unreadable: measure
         cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
     if key not in cached:
         cached[key] = measure_matmul_flops(seconds)
         with contextlib.suppress(OSError):   # a read-only home still gets the in-process cache

@@ -17,15 +17,16 @@ and exits 0). So `check_run` asks, in the parent process and in this order:
 import contextlib
 import itertools
 import os
+from dataclasses import replace
 
 import torch
 from tokenizers import Tokenizer
 
-from . import checkpoint, hf, launch
-from ..trainer import tokens
-from ..plan import flops
-from ..plan.schedules import rank_layers
+from ..plan import flops, schedules
 from ..plan.config import ConfigError, ModelConfig, TrainConfig
+from ..plan.memory import FP32, memory_of_rank
+from ..trainer import tokens
+from . import checkpoint, hf, launch
 
 
 def check_run(cfg: TrainConfig) -> TrainConfig:
@@ -119,25 +120,20 @@ def check_data(cfg: TrainConfig) -> None:
 # ---------------------------------------------------------------- memory
 def stage_bytes(model: ModelConfig, cfg: TrainConfig, stage: int,
                 act_bytes: int = 4) -> tuple[int, int, int]:
-    """Lower bounds on the bytes one rank of pipeline stage `stage` allocates, (built,
-    held, step). Built: the stage's layers, whole in float32 on the CPU before tensor
-    parallelism cuts them. Held: then, on its device, its shard of weights (4 B), gradients
-    (4 B) and AdamW's m and v (8 B), ZeRO-sharded over dp x cp as far as its stage says.
-    Step: what a step adds, the global batch, which every rank builds whole as int64
-    (`tokens.py`), and one micro-batch's activations (of `act_bytes` each) through the stage's
-    layers: per token and layer at least SwiGLU's gate, silu(gate), up and their product,
-    4 ffn/tp elements (`formulas.layer_saved_elements` has every tensor); under full
-    recompute only the layer's input."""
-    p, full = cfg.parallel, cfg.parallel.recompute == "full"
-    layers = rank_layers(model, p.pp, p.virtual_stages, stage)
-    first, last = stage == 0, stage == p.pp - 1
-    # the stage's parameters whole (tp = 1), and the TP shard of them this rank keeps
-    whole, n = (flops.local_param_count(model, tp, layers, first, last) for tp in (1, p.tp))
-    # (bytes, the ZeRO stage from which they are sharded): weights, gradients, AdamW's m and v
-    held = sum(n * b / (p.dp * p.cp if p.zero >= z else 1) for b, z in ((4, 3), (4, 2), (8, 1)))
-    tokens = cfg.global_batch // (p.dp * p.microbatches) * (cfg.seq_len // p.cp)
-    per_token = model.dim / (p.tp if p.sp else 1) if full else 4 * model.ffn_dim / p.tp
-    step = cfg.global_batch * (cfg.seq_len + 1) * 8 + tokens * layers * per_token * act_bytes
+    """The bytes one rank of pipeline stage `stage` allocates, (built, held, step). Built:
+    the stage's layers, whole in float32 on the CPU before tensor parallelism cuts them.
+    Held, then, on its device: its shard of weights, gradients and AdamW's m and v in float32,
+    ZeRO-sharded over dp x cp as far as its stage says. Step: what a step adds, the global
+    batch, which every rank builds whole as int64 (`tokens.py`), and the activations the
+    stage keeps at its peak (of `act_bytes` each). The last two are the memory model's
+    (`plan.memory.memory_of_rank`, minipar's own tensors)."""
+    p = cfg.parallel
+    layers = schedules.rank_layers(model, p.pp, p.virtual_stages, stage)
+    whole = flops.local_param_count(model, 1, layers, stage == 0, stage == p.pp - 1)
+    rank = memory_of_rank(model, p, replace(FP32, act_bytes=act_bytes), cfg.seq_len,
+                          cfg.global_batch // (p.dp * p.microbatches), stage)
+    held = rank["params"] + rank["grads"] + rank["optimizer"]
+    step = cfg.global_batch * (cfg.seq_len + 1) * 8 + rank["activations"]
     return 4 * whole, int(held), int(step)
 
 

@@ -1,11 +1,11 @@
 """A run: everything around the training loop. Starting the ranks and restarting them when
-one dies (`supervise`), resuming and saving checkpoints, the JSON log, fault injection, the
-trace and export (`RankRun`), and the command line's one-line endings (`command`).
+one dies (`train`), resuming and saving checkpoints, the JSON log, fault injection, the
+trace and export (`RankRun`), and the command line's one-line endings (`main`).
 
 Chapter "From a laptop to a cluster". The step is the trainer's (`trainer/step.py`); the
-loop around it is here: `train(cfg)` is `supervise(cfg, train_on_rank)`, and
-`python -m minipar.train` is `main`, `command(argv, train)` (its flags are generated in
-`plan/flags.py` from the config dataclasses).
+loop around it is here: `train(cfg)` runs `train_on_rank` on every rank, and
+`python -m minipar.train` is `main` (its flags are generated in `plan/flags.py` from the
+config dataclasses).
 """
 
 import contextlib
@@ -22,21 +22,20 @@ from tqdm.auto import tqdm
 
 from ..plan import flags, traces
 from ..plan.config import ConfigError, TrainConfig
-from ..plan.flags import PROG
 from ..trainer import comm, events, profile
 from ..trainer.grid import ProcessGrid
 from ..trainer.step import NonFinite, Trainer
-from . import checkpoint, hf, launch
-from .launch import STOP_SIGNALS, Stopped
-from .peak import peak_flops
+from . import checkpoint, hf, launch, peak
 from .preflight import check_run
 
 
 # ---------------------------------------------------------------- the run and its restarts
-def supervise(cfg: TrainConfig, each_rank, report: bool = False) -> dict:
-    """Check, then run `each_rank(cfg, report)` on tp*cp*pp*dp ranks (forked locally, or
-    this torchrun world). Returns rank 0's result, with "all": every rank's result when run
-    locally, and "failures": the restarts it survived.
+def train(cfg: TrainConfig, report: bool = False, after_backward=None) -> dict:
+    """Check, then train (`train_on_rank`) on tp*cp*pp*dp ranks (forked locally, or this
+    torchrun world). Returns rank 0's result: {"records": [...], "probes": ..., "memory": ...,
+    "all": every rank's result when run locally, "failures": the restarts it survived}.
+    `after_backward(step, chunks, dp, grid)`, when given, looks at every rank's reduced
+    gradients (`Trainer.probe`; the tests' `testing.capture_grads`).
 
     --max-restarts N: when a rank fails, start a fresh world from the latest checkpoint,
     up to N times. Under torchrun, restarting is torchrun's job (its own --max-restarts);
@@ -46,10 +45,10 @@ def supervise(cfg: TrainConfig, each_rank, report: bool = False) -> dict:
     stderr, bar or no bar; from Python they are in "failures" (and on the bar's stderr)."""
     cfg = check_run(cfg)    # a new TrainConfig: with --init-hf's model read
     if cfg.peak_flops is None:
-        cfg.peak_flops = peak_flops()
+        cfg.peak_flops = peak.peak_flops()
     if cfg.save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)):    # torchrun's restart
         cfg = restarted(cfg)
-    failures = []
+    each_rank, failures = functools.partial(train_on_rank, after_backward=after_backward), []
     # --save DIR is this run's until it returns; under torchrun rank 0's, which commits
     with checkpoint.claim(cfg.save) if cfg.save and os.environ.get("RANK", "0") == "0" \
             else contextlib.nullcontext():
@@ -83,13 +82,12 @@ class RankRun:
     checkpoint, log each step (rank 0), save checkpoints, inject the teaching failure, and
     at the end (a run that was not stopped) export the model and write the trace."""
 
-    def __init__(self, trainer, report: bool = False):
-        cfg, self.trainer, self.report = trainer.cfg, trainer, report
-        self.rank, self.start, self.records = trainer.grid.rank, 0, []
+    def __init__(self, t: Trainer, report: bool = False):
+        cfg, self.trainer, self.report = t.cfg, t, report
+        self.rank, self.start, self.records = t.grid.rank, 0, []
         if cfg.resume:       # the weights and optimizer state of a checkpoint, in this layout
-            self.start, self.records = checkpoint.load(cfg.resume, trainer.model.chunks,
-                                                       trainer.model.dp, trainer.optimizer,
-                                                       trainer.grid, trainer.mcfg)
+            self.start, self.records = checkpoint.load(cfg.resume, t.model.chunks, t.model.dp,
+                                                       t.optimizer, t.grid, t.mcfg)
         # line-buffered: each step's record is on disk as soon as it is written
         self.log = open(cfg.log_json, "w", buffering=1) if cfg.log_json and self.rank == 0 else None
         for rec in self.records if self.log else ():   # a resumed run rewrites the log whole
@@ -202,7 +200,7 @@ def finish_profile(t) -> dict | None:
 
 
 # ---------------------------------------------------------------- the command line
-def command(argv, train) -> int:
+def main(argv=None) -> int:
     """`python -m minipar.train`: flags in (`flags.parse`), one run (`train`), one line out.
     A bad flag exits 2 before any rank starts; a failed rank exits 1 naming it; a
     non-finite step exits 1 naming it; SIGTERM / SIGINT exit 128 + the signal, one line,
@@ -215,7 +213,7 @@ def command(argv, train) -> int:
             return error(e)
         except launch.RankFailed as e:
             return error(e, status=1, detail=True)
-        except Stopped as e:
+        except launch.Stopped as e:
             return error(e, status=128 + e.signum, prefix="")
     if out.get("ended"):
         return report_end(out["ended"], rank0=out["records"] is not None)
@@ -230,11 +228,11 @@ def command(argv, train) -> int:
     return 0
 
 
-def error(e: Exception, status: int = 2, detail: bool = False, prefix: str = "error: ") -> int:
-    """Print `e`'s first line as the CLI's error (and, with `detail`, the rest); return
-    the exit status."""
+def error(e, status: int = 2, detail: bool = False, prefix: str = "error: ") -> int:
+    """Print `e`'s first line (an exception's, or a message) as the CLI's error (and, with
+    `detail`, the rest); return the exit status."""
     first, *rest = str(e).splitlines() or [""]
-    print(f"{PROG}: {prefix}{first}", file=sys.stderr)
+    print(f"{flags.PROG}: {prefix}{first}", file=sys.stderr)
     if detail and rest:
         print("\n".join(rest), file=sys.stderr)
     return status
@@ -246,8 +244,8 @@ def stop_on_signals():
     with `launch.Stopped`: one line, not a KeyboardInterrupt traceback. While ranks run,
     the launcher's own handlers take over (they pass the signal on to the ranks)."""
     def stop(signum, frame):
-        raise Stopped(signum, f"stopped by {signal.Signals(signum).name} before any rank started")
-    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+        raise launch.Stopped(signum, "before any rank started")
+    old = {s: signal.signal(s, stop) for s in launch.STOP_SIGNALS}
     try:
         yield
     finally:
@@ -259,14 +257,12 @@ def report_end(ended: dict, rank0: bool = True) -> int:
     """The one line of a run that ended early, on stderr; its exit status: 128 + signal
     for a stop (143 SIGTERM, 130 SIGINT), 1 for a non-finite step or a failed checkpoint."""
     if ended["reason"] != "signal":       # a step that was not finite; a failed save
-        if rank0:
-            print(f"{PROG}: error: {ended['message']}", file=sys.stderr)
-        return 1
+        return error(ended["message"], status=1) if rank0 else 1
     saved = (f"checkpoint saved to {ended['checkpoint']} (continue with --resume)" if
              ended["checkpoint"] else "no checkpoint (with --save, SIGTERM or Ctrl-C writes one)")
     if rank0:
-        say(f"{PROG}: stopped by {signal.Signals(ended['signal']).name} after {ended['step']} "
-            f"steps, every rank at the same step boundary; {saved}")
+        say(f"{flags.PROG}: stopped by {signal.Signals(ended['signal']).name} after "
+            f"{ended['step']} steps, every rank at the same step boundary; {saved}")
     return 128 + ended["signal"]
 
 
@@ -297,43 +293,29 @@ def agreed_stop(grid: ProcessGrid) -> int:
     return int(flag.item())
 
 
-def train_steps(trainer: Trainer, steps, before=None, after=None) -> dict | None:
+def train_steps(trainer: Trainer, steps, before, after) -> dict | None:
     """The loop over `steps` (an iterable of step numbers): `before(step)` and, with the
     step's record, `after(step, record)` around each step. Returns None when every step
     ran, else why the loop ended early: a stop signal every rank agreed on at a step
     boundary, a step that was not finite, or what `after` returned (a failed checkpoint)."""
     for step in steps:
-        signum = agreed_stop(trainer.grid)
-        if signum:
+        if signum := agreed_stop(trainer.grid):
             return {"reason": "signal", "signal": signum, "step": step}
-        if before:
-            before(step)
+        before(step)
         try:
             with events.span(f"step {step}", cat="step", step=step):
                 rec = trainer.step(step)
         except NonFinite as e:       # every rank raised it at the same step
             return {"reason": "nonfinite", "step": e.step, "message": str(e)}
-        if after and (ended := after(step, rec)):     # a checkpoint that could not be written
+        if ended := after(step, rec):     # a checkpoint that could not be written
             return ended
     return None
 
 
-def train_on_rank(cfg: TrainConfig, report: bool = False) -> dict:
-    """What every rank runs: the loop, with what `run.RankRun` does around it (resume,
-    log, checkpoints, the teaching failure, export, the trace). Returns the rank's result."""
+def train_on_rank(cfg: TrainConfig, report: bool = False, after_backward=None) -> dict:
+    """What every rank runs: the loop, with what `RankRun` does around it (resume, log,
+    checkpoints, the teaching failure, export, the trace). Returns the rank's result."""
     weights = functools.partial(hf.load_weights, cfg.init_hf) if cfg.init_hf else None
-    trainer = Trainer(cfg, weights, hf.tokenizer_file(cfg.init_hf))
+    trainer = Trainer(cfg, weights, hf.tokenizer_file(cfg.init_hf), after_backward)
     around = RankRun(trainer, report)
     return around.finish(train_steps(trainer, around.steps, around.before, around.after))
-
-
-def train(cfg: TrainConfig, report: bool = False) -> dict:
-    """Check, then train on tp*cp*pp*dp ranks (forked locally, or this torchrun world),
-    restarting from the latest checkpoint on a failure (`run.supervise`). Returns rank 0's
-    result: {"records": [...], "probes": ..., "memory": ..., "all": [every rank's], ...}."""
-    return supervise(cfg, train_on_rank, report)
-
-
-def main(argv=None) -> int:
-    """`python -m minipar.train`: flags in, one run, one line out (`run.command`)."""
-    return command(argv, train)

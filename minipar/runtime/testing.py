@@ -1,9 +1,9 @@
 """Test hooks: what the tests read from inside a run, kept out of the teaching files.
 
 Chapter "From a laptop to a cluster" (it runs inside the loop), for every axis chapter's
-proof: a layout is right when its gradients are the single device's. `capture_grads` is a
-`TrainConfig.after_backward` hook that returns them after the first step's backward;
-nothing in the package imports this module.
+proof: a layout is right when its gradients are the single device's. `capture_grads` is an
+`after_backward` hook (`run.train(cfg, after_backward=capture_grads)`) that returns them after
+the first step's backward; nothing in the package imports this module.
 """
 from __future__ import annotations
 
@@ -38,5 +38,5 @@ def _whole(g: torch.Tensor, shard, dp, grid) -> torch.Tensor:
 
 
 def capture_grads(step: int, chunks, dp, grid) -> dict[str, torch.Tensor] | None:
-    """`TrainConfig.after_backward` hook: every gradient after step 0's backward."""
+    """The `after_backward` hook: every gradient after step 0's backward."""
     return full_grads(chunks, dp, grid) if step == 0 else None

@@ -28,9 +28,9 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from ..trainer import comm
-from ..trainer.comm import Axis, all_gather, all_reduce, all_to_all, exchange, reduce_scatter
 from ..plan.formulas.collectives import wire_bytes
+from ..trainer import comm
+from ..trainer.comm import Axis, all_gather, all_reduce, all_to_all, reduce_scatter, ring_exchange
 
 WIRE_GRID = dict(tp=2, cp=2, pp=2, dp=2)    # the chapter's 2x2x2x2 grid: 16 ranks
 HEADER_BYTES = 8_000          # gloo's headers per collective: measured under 2 KB, bound loosely
@@ -93,9 +93,7 @@ def _run_op(op: str, axis: Axis, size: int):
         return lambda: reduce_scatter(x, axis)
     if op == "all_to_all":
         return lambda: all_to_all(x.view(axis.size, -1), axis, split_dim=0, concat_dim=0)
-    nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
-    return lambda: exchange(sends=[(x, nxt)], recvs=[(torch.empty_like(x), prv)],
-                            axis_name=axis.log_as)
+    return lambda: ring_exchange(axis, x).wait()
 
 
 def measure_axes(axes: dict[str, Axis], size: int = 2**20) -> list[dict]:

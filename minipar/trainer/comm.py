@@ -18,7 +18,7 @@ the same numbers on CPU and on NCCL alike. What gloo really puts on the wire is 
 Every collective started with `async_op=True` returns a `Handle`: one type whose `wait()`
 returns the result, whatever the collective. The autograd-aware collectives built on these
 (Megatron's f and g, sequence parallelism's gather and scatter) are in `parallel/regions.py`;
-the ring all-reduce written out with sends and receives is `ring.py`.
+the ring all-reduce written out with sends and receives (`ring_exchange`'s steps) is `ring.py`.
 """
 
 import contextlib
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from . import events
 from ..plan.formulas.collectives import wire_bytes
+from . import events
 
 
 # ----------------------------------------------------------------------------- groups
@@ -204,20 +204,15 @@ class Handle:
 
 
 # ---------------------------------------------------------------------------- p2p
-def exchange(sends=(), recvs=(), axis_name: str = "pp"):
-    """Post all sends and receives at once and wait for them: [(tensor, global_peer_rank)],
-    or [(tensor, global_peer_rank, tag)] where a pair of ranks exchanges several messages
-    that must not be confused (a pipeline's activations and gradients).
+def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
+    """Post all sends and receives at once: [(tensor, global_peer_rank)], or [(tensor,
+    global_peer_rank, tag)] where a pair of ranks exchanges several messages that must not
+    be confused (a pipeline's activations and gradients). Returns at once: the `Handle`'s
+    wait() returns the receive buffers (the caller keeps each sent tensor alive until then).
 
     Posting both directions in one batch is what makes a pipeline or a ring unable to
     deadlock: no rank blocks in a send while its peer blocks in another send.
     """
-    exchange_async(sends, recvs, axis_name).wait()
-
-
-def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
-    """Like `exchange`, but return at once: the `Handle`'s wait() returns the receive
-    buffers (the caller keeps each sent tensor alive until then)."""
     start, me = events.now(), dist.get_rank()
     ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=tag[0] if tag else 0)
            for t, peer, *tag in sends]
@@ -231,6 +226,16 @@ def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
             events.collective(axis_name, op, sorted((me, p.peer)), size, wire_bytes(op, 2, size),
                               start, work, peer=p.peer, tag=p.tag)
     return Handle(works, result=[t for t, *_ in recvs])
+
+
+def ring_exchange(axis: Axis, *tensors: torch.Tensor) -> Handle:
+    """One step of a ring: send `tensors` to the next rank of `axis` and receive as many,
+    shaped alike, from the previous one. Returns at once; the `Handle`'s wait() returns what
+    arrived. Every ring in the book takes this step: the all-reduce written out (`ring.py`),
+    ring attention (`parallel/context.py`) and collective matmul."""
+    right, left = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
+    return exchange_async([(t, right) for t in tensors],
+                          [(torch.empty_like(t), left) for t in tensors], axis.log_as)
 
 
 @contextlib.contextmanager

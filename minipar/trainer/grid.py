@@ -17,6 +17,7 @@ import itertools
 import torch.distributed as dist
 
 from .comm import Axis
+from .placement import Shard, placements
 
 AXES = ("tp", "cp", "pp", "dp")   # innermost first
 
@@ -73,11 +74,11 @@ class ProcessGrid:
     # -- this rank ---------------------------------------------------------------------
     def counts(self, p, replicated_over_dp: bool) -> bool:
         """Does this rank's copy of `p` count (in the gradient norm, in a checkpoint)?
-        Copies along an axis (`mark_replica`; dp x cp too when every data-parallel rank
-        holds the whole tensor, i.e. without ZeRO) count once: on the rank with index 0
-        on each axis the tensor is copied along."""
-        axes = (*getattr(p, "_replica_axes", ()), *(("dp_cp",) if replicated_over_dp else ()))
-        return all(self.axes[a].rank == 0 for a in axes)
+        Copies along an axis (placed `Replicate()` or `Partial()` there; dp x cp too when
+        every data-parallel rank holds the whole tensor, i.e. without ZeRO) count once: on
+        the rank with index 0 on each axis the tensor is copied along."""
+        copied = [a for a, how in placements(p).items() if not isinstance(how, Shard)]
+        return all(self.axes[a].rank == 0 for a in copied + ["dp_cp"] * replicated_over_dp)
 
     def init_groups(self, backend: str | None = None) -> "ProcessGrid":
         """Create one process group per axis. Collective: every rank calls it, in the same order.

@@ -56,8 +56,8 @@ def parallelize(mcfg: ModelConfig, pcfg: ParallelConfig, grid: ProcessGrid, seed
     chunks = [apply_recompute(m, pcfg.recompute).to(device) for m in chunks]   # 4. recompute
     dp = data_parallel(chunks, grid, pcfg)                            # 5. data parallel
     # after the reduction: the TP-partial gradients (SP's norms), then a tied embedding's copies
-    dp.after_reduce += [s for s in (sum_partial_grads if pcfg.sp else None,
-                                    tied_gradient_sync(chunks)) if s is not None]
+    partial = (lambda grads: sum_partial_grads(grads, grid.tp)) if pcfg.sp else None
+    dp.after_reduce += [s for s in (partial, tied_gradient_sync(chunks)) if s is not None]
     # the loss of this rank's logits: under TP from its vocabulary slice (never gathered)
     loss_fn = ((lambda logits, y: vocab_parallel_cross_entropy_sum(logits, y, grid.tp))
                if pcfg.tp > 1 else cross_entropy_sum)

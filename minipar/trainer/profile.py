@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import events
 from ..plan.traces import open_trace, rank_events, trace_path, track
+from . import events
 
 # ======================================================================= recording
 def start() -> events.Recorder:

@@ -11,9 +11,11 @@ against it (tests/test_comm.py, the collectives notebook).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from .comm import Axis, exchange
+from .comm import Axis, ring_exchange
 
 
 def ring_schedule(n: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -26,18 +28,17 @@ def ring_schedule(n: int) -> tuple[list[list[int]], list[list[int]]]:
 
 def ring_all_reduce(x: torch.Tensor, axis: Axis, axis_name: str = "ring by hand"):
     """The ring all-reduce written out with sends and receives, to see that its bytes are
-    the formula's: each rank sends 2(n-1) chunks of S/n. Returns (the sum, this rank's
-    slice of it: what a reduce-scatter alone would leave)."""
-    n, r = axis.size, axis.rank
-    right, left = axis.global_rank(r + 1), axis.global_rank(r - 1)
+    the formula's: each rank sends 2(n-1) chunks of S/n (`CommLog` files them under
+    `axis_name`). Returns (the sum, this rank's slice of it: what a reduce-scatter alone
+    would leave)."""
+    n, r, ring = axis.size, axis.rank, replace(axis, log_as=axis_name)
     rs, ag = ring_schedule(n)
     chunks = [c.clone() for c in x.chunk(n)]
-    incoming = torch.empty_like(chunks[0])
     for k in range(n - 1):              # reduce-scatter: add what arrives, pass it on
-        exchange(sends=[(chunks[rs[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
+        (incoming,) = ring_exchange(ring, chunks[rs[k][r]]).wait()
         chunks[rs[k][(r - 1) % n]] += incoming
     mine = chunks[r].clone()            # complete: my slice of the sum
     for k in range(n - 1):              # all-gather: pass the finished slices round
-        exchange(sends=[(chunks[ag[k][r]], right)], recvs=[(incoming, left)], axis_name=axis_name)
-        chunks[ag[k][(r - 1) % n]] = incoming.clone()
+        (arrived,) = ring_exchange(ring, chunks[ag[k][r]]).wait()
+        chunks[ag[k][(r - 1) % n]] = arrived
     return torch.cat(chunks), mine

@@ -19,15 +19,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from . import comm, events, profile
 from ..plan.config import TrainConfig
-from .tokens import local_microbatches, make_source
 from ..plan.flops import mfu
+from . import comm, events, profile
 from .grid import ProcessGrid
 from .memory_meter import ActivationMeter, fullest_rank, state_bytes
 from .parallel.context import shard_sequence
 from .parallel.pipeline import pipeline_forward_backward
 from .parallelize import parallelize
+from .tokens import local_microbatches, make_source
 
 
 # ---------------------------------------------------------------- the optimizer
@@ -133,15 +133,14 @@ class Trainer:
     optimizer and its data. `step(i)` is one optimizer step, the loop's body."""
 
     def __init__(self, cfg: TrainConfig, load_weights: Callable | None = None,
-                 tokenizer: str | None = None):
+                 tokenizer: str | None = None, after_backward: Callable | None = None):
         self.cfg, self.pcfg, self.mcfg = cfg, cfg.parallel, cfg.model_config()
         p = self.pcfg
         self.grid = ProcessGrid(p.tp, p.cp, p.pp, p.dp, dist.get_rank()).init_groups()
         self.device = comm.device()
         self.model = parallelize(self.mcfg, p, self.grid, cfg.seed, self.device)
         if load_weights:     # the runtime's reader of saved weights (--init-hf): my slices
-            load_weights(self.model.chunks, self.mcfg, self.model.dp.shard_of,
-                         self.grid.tp.rank, self.grid.tp.size)
+            load_weights(self.model.chunks, self.mcfg, self.model.dp.shard_of, self.grid.axes)
         if cfg.dtype == "bf16" or (cfg.dtype == "auto" and self.device.type == "cuda"):
             # mixed precision: weights, gradients and optimizer state stay fp32 (the master
             # copy); matmuls run in bf16 inside each chunk's forward
@@ -152,7 +151,9 @@ class Trainer:
         self.n_tokens = cfg.global_batch * cfg.seq_len
         if cfg.profile:
             profile.trace_layers(self.model.chunks)     # per-layer spans while recording
-        self.probes: dict[int, object] = {}
+        # a look at the reduced gradients before clipping (the tests'), called on every rank
+        # as after_backward(step, chunks, dp, grid); what it returns is kept by step
+        self.after_backward, self.probes = after_backward, {}
 
     def step(self, step: int) -> dict:
         """One optimizer step: this rank's micro-batches forward and backward, the
@@ -182,9 +183,9 @@ class Trainer:
         return rec
 
     def probe(self, step: int):
-        """`TrainConfig.after_backward`: a look at the reduced gradients (the tests')."""
-        if self.cfg.after_backward is not None:
-            out = self.cfg.after_backward(step, self.model.chunks, self.model.dp, self.grid)
+        """`after_backward`'s look at the reduced gradients, kept in `probes` by step."""
+        if self.after_backward is not None:
+            out = self.after_backward(step, self.model.chunks, self.model.dp, self.grid)
             if out is not None:
                 self.probes[step] = out
 

@@ -17,11 +17,13 @@ from pathlib import Path
 
 from .. import flops
 from ..config import ModelConfig, ParallelConfig
+from .constants import LLAMA3_EFFICIENCY, Efficiency
+from .frameworks import apply, framework
 from .gpus import gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
-from .frameworks import apply, framework
+from .scenario import Scenario
 from .workload import Workload, layout_problems
+from ..memory import BF16_MIXED, Precision
 
 RUNS_FILE = Path(__file__).parent / "data" / "published_runs.csv"
 # Every cell of the Playbook's heatmap, with the memory it printed: the cells that are not
@@ -34,7 +36,9 @@ PLAYBOOK_RUNS_FILE = Path(__file__).parent / "data" / "playbook_runs.csv"
 # Lustre) on partition "hopper-prod", AWS p5.48xlarge servers (8 H100 SXM each), whose
 # fabric is EFA: collectives across servers are timed by nccl-tests on p5 (`constants`).
 PLAYBOOK_CLUSTER = replace(gpu_cluster("h100"), name="ultrascale playbook (AWS p5, EFA)", fabric="efa")
-PLAYBOOK_PEAK_TFLOPS = 989.5        # bench_cluster's report.py: 1979 / 2, dense bf16
+# What the Playbook divides by (bench_cluster's report.py: 1979 / 2), not the data sheet's
+# 989.4: minipar's MFU of its runs uses the same peak, so that a ratio shows the FLOP count.
+PLAYBOOK_PEAK_TFLOPS = 989.5
 
 # The Playbook's models (nanotron's Llama with full multi-head attention and a 131,072-token
 # vocabulary; the two small ones tie their embeddings). Their shapes are those of Llama 3.2
@@ -84,6 +88,12 @@ class PublishedRun:
     efficiency: Efficiency = LLAMA3_EFFICIENCY
 
     @property
+    def scenario(self) -> Scenario:
+        """The step this run took, as `estimate` predicts one."""
+        return Scenario(self.model, self.parallel, self.cluster, self.work, self.precision,
+                        self.efficiency)
+
+    @property
     def label(self) -> str:
         p = self.parallel
         return (f"{self.model.name} {p.world_size} GPUs TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}"
@@ -105,8 +115,7 @@ def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05):
     out = []
     for row in _rows(path):
         model, pp = PLAYBOOK_MODELS[row["model"]], int(row["pp"])
-        ours = (float(row["tokens_per_s_per_gpu"]) * flops.flops_per_token(model, 4096)
-                / (PLAYBOOK_PEAK_TFLOPS * 1e12))
+        ours = flops.mfu(float(row["tokens_per_s_per_gpu"]), model, 4096, PLAYBOOK_PEAK_TFLOPS * 1e12)
         if ours >= floor:
             out.append((model, pp, float(row["mfu_percent"]) / 100 / ours))
     return out

@@ -15,18 +15,19 @@ import math
 import sys
 from dataclasses import replace
 
-from ..flags import Chosen, Parser, add_flags
 from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
-from .catalog import CONSTANTS
-from .constants import LLAMA3_EFFICIENCY, PRECISIONS
-from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
+from .catalog import all_constants
+from .constants import LLAMA3_EFFICIENCY
 from .defaults import default_degrees, default_schedule
+from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import FABRICS, LLAMA3_CLUSTER, Cluster
 from .planner import (MEMORY_HEADROOM, REMEDIES, binding_constraint, describe, limiting_term,
                       losses, plan)
 from .time import Estimate, estimate
 from .workload import Workload, make_workload
+from ..flags import Chosen, Parser, add_flags
+from ..memory import PRECISIONS
 
 
 # The layout flags are the trainer's (`ParallelConfig`, `TrainConfig`), with the cost model's
@@ -300,7 +301,7 @@ def constants_main(argv) -> int:
                                 description="Every constant of the cost model with its source.")
     p.add_argument("--json", action="store_true", help="one JSON list of {name, value, unit, source}")
     args = p.parse_args(argv)
-    rows = [{"name": c.name, "value": c.value, "unit": c.unit, "source": c.source} for c in CONSTANTS.values()]
+    rows = [{"name": c.name, "value": c.value, "unit": c.unit, "source": c.source} for c in all_constants().values()]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

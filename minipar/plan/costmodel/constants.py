@@ -11,26 +11,33 @@ report. **None is fitted to an MFU**: the published runs are what the model is j
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TABLE4_BATCH_TOKENS", "KERNELS", "KERNELS_FILE", "GEMM_TABLE",
-           "Efficiency", "LLAMA3_EFFICIENCY", "CP_ATTENTION", "cp_attention_tflops", "STREAM_FRACTION", "CAUSAL_FRACTION",
-           "FUSED_ELEMENTWISE", "GEMM_CURVE", "NCCL_LATENCY_US", "FABRIC_FILES", "FABRIC_CURVES", "FABRIC_SMALLEST", "fabric_busbw_GBps",
-           "Precision", "BF16_MIXED", "FP32", "PRECISIONS", "MEASURED_PEAK_TFLOPS"]
+from ..datasheets import SHEETS
 
 TABLE4_BATCH_TOKENS = 2048 * 8192          # "16M tokens per batch": 2048 sequences of 8K
 CAUSAL_FRACTION = 0.5       # a causal kernel computes half of the s x s square
 
-KERNELS_FILE = Path(__file__).parent / "data" / "kernels_h200.json"
-KERNELS = json.loads(KERNELS_FILE.read_text())
+# The measurement files are read when a number is first asked for (each loader below is
+# cached), never on import: importing the cost model costs nothing.
+DATA = Path(__file__).parent / "data"
+KERNELS_FILE = DATA / "kernels_h200.json"
 # One all-gather CP rank's attention: its two chunks of s / 2cp queries against every key up
 # to each chunk's end, lower-right causal (benchmarks/kernels/cp_attention.py, CP16 at 131K)
-CP_ATTENTION = json.loads((KERNELS_FILE.parent / "cp_attention_h200.json").read_text())
-MEASURED_PEAK_TFLOPS = 989.4      # the H200's dense bf16 data sheet number, the H100 SXM's too
-MEASURED_HBM_TBps = 4.8           # the H200's HBM3e; memory-bound kernels scale by this
+CP_ATTENTION_FILE = DATA / "cp_attention_h200.json"
+# The measuring GPU's data sheet: compute scales by its peak, memory-bound kernels by its HBM
+MEASURED_PEAK_TFLOPS = SHEETS["H200"].bf16_tflops
+MEASURED_HBM_TBps = SHEETS["H200"].hbm_TBps
+
+
+@functools.cache
+def measurements() -> dict:
+    """Every kernel `benchmarks/kernels/measure.py` timed (`data/kernels_h200.json`)."""
+    return json.loads(KERNELS_FILE.read_text())
 
 
 def median(xs: list[float]) -> float:
@@ -38,8 +45,10 @@ def median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
-# {(m, n, k): seconds} of every GEMM measured
-GEMM_TABLE = {(g["m"], g["n"], g["k"]): g["s"] for g in KERNELS["gemms"]}
+@functools.cache
+def gemm_table() -> dict[tuple[int, int, int], float]:
+    """{(m, n, k): seconds} of every GEMM measured."""
+    return {(g["m"], g["n"], g["k"]): g["s"] for g in measurements()["gemms"]}
 
 
 def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
@@ -52,40 +61,38 @@ def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
     return points[-1][1]
 
 
-def _attention_curve(rows: list[dict]) -> list[tuple[float, float]]:
+@functools.cache
+def attention_curve(kernel: str) -> list[tuple[float, float]]:
     """(sequence length, forward + backward TFLOP/s) of one kernel, by length: causal FLOPs
     (half the square), the backward counted as twice the forward."""
-    return [(r["seq"], 3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12) for r in rows]
-
-
-ATTENTION_CURVES = {kernel: _attention_curve(rows) for kernel, rows in KERNELS["attention"].items()}
+    return [(r["seq"], 3 * r["flops_fwd"] / r["fwd_bwd_s"] / 1e12)
+            for r in measurements()["attention"][kernel]]
 
 
 def attention_tflops(kernel: str, block: float) -> float:
-    """Measured TFLOP/s of an attention kernel on `block`-token sequences (`ATTENTION_CURVES`),
+    """Measured TFLOP/s of an attention kernel on `block`-token sequences (`attention_curve`),
     interpolated in log(block) between the measured lengths (`_interpolate`), flat beyond
     the longest, launch-bound (proportional to the length) below the shortest."""
-    curve = ATTENTION_CURVES[kernel]
+    curve = attention_curve(kernel)
     shortest, speed = curve[0]
     if block <= shortest:
         return speed * max(block, 1.0) / shortest
     return _interpolate(block, curve)
 
 
-CP_ATTENTION_TFLOPS = {kernel: median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
-                       for kernel, ranks in CP_ATTENTION["ranks"].items()}
-
-
+@functools.cache
 def cp_attention_tflops(kernel: str) -> float:
     """Measured TFLOP/s of one all-gather CP rank's chunked attention (median over ranks)."""
-    return CP_ATTENTION_TFLOPS[kernel]
+    ranks = json.loads(CP_ATTENTION_FILE.read_text())["ranks"][kernel]
+    return median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
 
 
-def _gemm_curve() -> tuple[float, float, float]:
+@functools.cache
+def gemm_curve() -> tuple[float, float, float]:
     """(e, w, t0) of t = F / (e P) + B / (w W) + t0 by least squares, relative error, over
     every measured GEMM: the kernel curve for shapes nobody measured. A fit of a kernel
     curve to a kernel benchmark, not to any MFU."""
-    rows = KERNELS["gemms"] + KERNELS["square"]
+    rows = measurements()["gemms"] + measurements()["square"]
     a = [[2 * r["m"] * r["n"] * r["k"] / (MEASURED_PEAK_TFLOPS * 1e12) / r["s"],
           2 * (r["m"] * r["k"] + r["k"] * r["n"] + r["m"] * r["n"]) / (MEASURED_HBM_TBps * 1e12) / r["s"],
           1 / r["s"]] for r in rows]
@@ -101,8 +108,12 @@ def _gemm_curve() -> tuple[float, float, float]:
     return 1 / x[0], 1 / x[1], x[2]
 
 
-STREAM_FRACTION = KERNELS["hbm"]["copy_Bps"] / (MEASURED_HBM_TBps * 1e12)
-GEMM_CURVE = _gemm_curve()
+@functools.cache
+def stream_fraction() -> float:
+    """What a device copy reaches of the HBM's data-sheet bandwidth, measured."""
+    return measurements()["hbm"]["copy_Bps"] / (MEASURED_HBM_TBps * 1e12)
+
+
 FUSED_ELEMENTWISE = 1.0
 # NCCL's own latency model (src/graph/tuning.cc, NVIDIA/nccl v2.18-2.21): a collective pays
 # a base latency, then each ring step its link's: Ring/Simple protocol, microseconds.
@@ -118,12 +129,13 @@ NIC_BUSBW_FRACTION = 46 / 50
 # server count: the bus bandwidth is then read off its measurements instead of alpha-beta.
 # AWS's Elastic Fabric Adapter (p5.48xlarge, 400 Gb/s per GPU as 4 x 100 Gb/s) reaches line
 # rate only for messages of gigabytes, and less the more servers a ring crosses.
-FABRIC_FILES = {"efa": KERNELS_FILE.parent / "nccl_tests_efa_p5.csv"}
+FABRIC_FILES = {"efa": DATA / "nccl_tests_efa_p5.csv"}
 
 
-def _fabric_curves(path: Path) -> dict[str, dict[int, list[tuple[float, float]]]]:
+@functools.cache
+def fabric_curves(fabric: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
     """{op: {servers: [(bytes, bus GB/s), ...] by size}} of one fabric's nccl-tests."""
-    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    lines = [line for line in FABRIC_FILES[fabric].read_text().splitlines() if not line.startswith("#")]
     out: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for row in csv.DictReader(lines):
         point = (float(row["size_mb"]) * 2 ** 20, float(row["busbw_GBps"]))
@@ -131,10 +143,9 @@ def _fabric_curves(path: Path) -> dict[str, dict[int, list[tuple[float, float]]]
     return {op: {n: sorted(pts) for n, pts in curves.items()} for op, curves in out.items()}
 
 
-FABRIC_CURVES = {name: _fabric_curves(path) for name, path in FABRIC_FILES.items()}
-# the smallest message each fabric was measured with
-FABRIC_SMALLEST = {name: min(pts[0][0] for by_nodes in curves.values() for pts in by_nodes.values())
-                   for name, curves in FABRIC_CURVES.items()}
+def fabric_smallest(fabric: str) -> float:
+    """The smallest message `fabric` was measured with, in bytes."""
+    return min(pts[0][0] for by_nodes in fabric_curves(fabric).values() for pts in by_nodes.values())
 
 
 def fabric_busbw_GBps(fabric: str, op: str, servers: int, size: float) -> float:
@@ -143,7 +154,7 @@ def fabric_busbw_GBps(fabric: str, op: str, servers: int, size: float) -> float:
     between the measured points and flat beyond them (the reduce-scatter, which has no
     measurement, runs the all-gather's ring). Below the smallest size measured the caller
     adds NCCL's latency (`hardware.measured_collective_seconds`)."""
-    curves = FABRIC_CURVES[fabric]["all_gather" if op == "reduce_scatter" else op]
+    curves = fabric_curves(fabric)["all_gather" if op == "reduce_scatter" else op]
     counts = sorted(curves)
     at = [(n, _interpolate(size, curves[n])) for n in counts]
     return _interpolate(min(max(servers, counts[0]), counts[-1]), at)
@@ -160,20 +171,19 @@ class Efficiency:
     attention:     the attention kernel: "flash2" (FlashAttention-2, as PyTorch's SDPA
                    ships it) or "cudnn" (cuDNN's fused attention, Transformer Engine's
                    default on Hopper), each timed by measure.py
-    elementwise:   bytes the norms, RoPE, SwiGLU and residual adds really move over the
-                   bytes `kernels` counts: 1 for fused kernels, EAGER_ELEMENTWISE (measured)
-                   for eager PyTorch, one kernel per op
+    elementwise:   the norms, RoPE, SwiGLU and residual adds: "fused" (each tensor streamed
+                   once, the bytes `kernels` counts) or "eager" (PyTorch, one kernel per op:
+                   `kernels.elementwise_factor` measures how many times more they move)
     cross_entropy: "fused" (one kernel over the logits) or "eager" (op by op in fp32)
-    overhead:      fraction of compute lost to what the model does not count. 0: a free
-                   factor would hide what the physics misses.
+    Nothing else: a free factor for what the model does not count would hide what the
+    physics misses.
     """
 
     network: float = NVLINK_BUSBW_FRACTION
     network_inter: float = NIC_BUSBW_FRACTION
     attention: str = "cudnn"
-    elementwise: float = FUSED_ELEMENTWISE
+    elementwise: str = "fused"
     cross_entropy: str = "fused"
-    overhead: float = 0.0
 
     @property
     def links(self) -> tuple[float, float]:
@@ -186,28 +196,3 @@ class Efficiency:
 LLAMA3_EFFICIENCY = Efficiency()
 
 
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per element of what a GPU stores and sends."""
-
-    param_bytes: int = 2        # the weights the matmuls read (and ZeRO all-gathers)
-    grad_bytes: int = 4         # gradients as accumulated
-    act_bytes: int = 2          # activations, and what TP, CP and PP send
-    optimizer_bytes: int = 12   # per parameter: Adam's m and v (+ fp32 master weights)
-    reduce_bytes: int = 4       # gradients as data parallelism reduces them
-
-    @property
-    def state_bytes_per_param(self) -> int:
-        """Weights, gradients and optimizer state: what each parameter costs before sharding."""
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
-
-
-# Llama 3: bf16 weights and activations; "FP32 gradient accumulation during backward
-# computation over multiple micro-batches and also reduce-scatter gradients in FP32"
-# (section 3.3.2); fp32 master weights and Adam moments.
-BF16_MIXED = Precision(param_bytes=2, grad_bytes=4, act_bytes=2, optimizer_bytes=12, reduce_bytes=4)
-# minipar on CPU: everything float32, Adam's two moments, no separate master copy.
-FP32 = Precision(param_bytes=4, grad_bytes=4, act_bytes=4, optimizer_bytes=8, reduce_bytes=4)
-PRECISIONS = {"bf16": BF16_MIXED, "fp32": FP32}

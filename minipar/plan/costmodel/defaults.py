@@ -9,19 +9,13 @@ can then break a rule, and the error names it.
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .workload import END_STAGES
+from .search import chunk_counts, largest_tp
 
 # Llama 3's Table 4, row 1: what `python -m minipar.costmodel` predicts with no flags.
 TABLE4_LAYOUT = {"tp": 8, "cp": 1, "pp": 16, "dp": 64}
-
-
-def largest_tp(model: ModelConfig, limit: int) -> int:
-    """The largest power of two <= limit dividing heads, KV heads, FFN and vocabulary."""
-    tp = 1
-    while 2 * tp <= limit and all(getattr(model, f) % (2 * tp) == 0
-                                  for f in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")):
-        tp *= 2
-    return tp
+# Llama 3's habit, not a rule: the most chunks per rank the CLI picks unasked (405B: 16 x 8
+# stages for 126 layers and the two ends). The search tries every count the rules allow.
+DEFAULT_MAX_CHUNKS = 8
 
 
 def default_degrees(given: dict, gpus: int | None, model: ModelConfig,
@@ -65,10 +59,9 @@ def default_schedule(pp: int, microbatches: int, n_layers: int, schedule: str | 
                if schedule == "interleaved" else f"{microbatches} micro-batches, not a multiple of pp {pp}")
         notes.append(f"chose --schedule {schedule} ({why})")
     if virtual_stages is None:
-        virtual_stages = 1
-        while schedule == "interleaved" and pp > 1 and virtual_stages < 8 and pp * virtual_stages * 2 <= n_layers + END_STAGES:
-            virtual_stages *= 2
+        virtual_stages = max((v for v in chunk_counts(schedule, pp, n_layers)
+                              if v <= DEFAULT_MAX_CHUNKS), default=1)
         if schedule == "interleaved" and pp > 1:
-            notes.append(f"chose --virtual-stages {virtual_stages} (up to 8 chunks per rank, "
-                         f"pp x v <= layers + 2)")
+            notes.append(f"chose --virtual-stages {virtual_stages} (up to {DEFAULT_MAX_CHUNKS} "
+                         f"chunks per rank, pp x v <= layers + 2)")
     return schedule, virtual_stages, notes

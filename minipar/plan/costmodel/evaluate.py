@@ -18,14 +18,14 @@ import json
 import sys
 
 from .calibration import PublishedRun, held_out_runs, playbook_runs, published_runs
-from .time import _estimate
+from .time import step_estimate
 
 MEAN_TARGET, WORST_TARGET = 4.0, 8.0      # MFU points: the issue's targets
 
 
 def estimate_run(run: PublishedRun):
     """The model's `Estimate` of one published run, under its own framework."""
-    return _estimate(run.model, run.parallel, run.cluster, run.work, run.precision, run.efficiency)
+    return step_estimate(run.scenario)
 
 
 def predict(run: PublishedRun) -> float:

@@ -16,93 +16,86 @@ Chapter "Four dimensions at once". A collective's time is the alpha-beta model o
 """
 from __future__ import annotations
 
-from ..config import ModelConfig, ParallelConfig
-from ..formulas.context_parallel import cp_hops, cp_kv_bytes, cp_layer_bytes, ulysses_kv_heads
-from ..flops import local_param_count
-from ..formulas.tensor_parallel import tp_layer_bytes
+from .scenario import Scenario
 from ..formulas.collectives import wire_bytes
-from .constants import BF16_MIXED, Efficiency, Precision
-from .hardware import Cluster, axis_seconds
-from .workload import Workload
+from ..formulas.context_parallel import cp_hops, cp_kv_bytes, cp_layer_bytes, ulysses_kv_heads
+from ..formulas.tensor_parallel import tp_layer_bytes
 
 # The collectives of one block under SP, in order, each with the linear it feeds (all-gather)
 # or drains (reduce-scatter); the backward runs them reversed, beside the input-gradient GEMMs.
 TP_PAIRS = ("qkv", "o", "gate_up", "down")
 
 
-def tp_collective_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
-                          work: Workload, precision: Precision, eff: Efficiency) -> float:
+def tp_ops(s: Scenario) -> int:
+    """All-reduces of one block's forward and backward (2 + 2), and the recomputed forward's
+    2 under full recomputation."""
+    return 4 + (2 if s.work.recompute == "full" else 0)
+
+
+def tp_collective_seconds(s: Scenario) -> float:
     """One of a block's TP collectives on one micro-batch: an all-gather or reduce-scatter
     of the [tokens, dim] activations under SP, or half of an all-reduce without it."""
-    tokens = work.tokens_per_microbatch(pc)
-    n_ops = 4 + (2 if work.recompute == "full" else 0)
-    nbytes = tp_layer_bytes(tokens, model.dim, pc.tp, precision.act_bytes, work.recompute, pc.sp)
+    pc, n_ops = s.parallel, tp_ops(s)
+    nbytes = tp_layer_bytes(s.tokens, s.model.dim, pc.tp, s.precision.act_bytes, s.work.recompute, pc.sp)
     op = "all_gather" if pc.sp else "all_reduce"
     calls = 2 * n_ops if pc.sp else n_ops          # SP: AG + RS for each all-reduce
-    return axis_seconds(nbytes, "tp", pc, cluster, eff.links, op, calls) / (2 * n_ops)
+    return s.seconds(nbytes, "tp", op, calls) / (2 * n_ops)
 
 
-def tp_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
-                       work: Workload, precision: Precision, eff: Efficiency,
-                       matmuls: dict[str, tuple[float, float]]) -> float:
+def tp_exposed_seconds(s: Scenario, matmuls: dict[str, tuple[float, float]]) -> float:
     """Exposed TP seconds of one block and micro-batch; `matmuls`: {linear: (forward,
     backward)} seconds (`kernels.layer_matmul_seconds`)."""
-    c = tp_collective_seconds(model, pc, cluster, work, precision, eff)
-    n_ops = 4 + (2 if work.recompute == "full" else 0)
+    pc, c, n_ops = s.parallel, tp_collective_seconds(s), tp_ops(s)
     if not (pc.tp_overlap and pc.sp):
         return 2 * n_ops * c
     hide = (pc.tp - 1) / pc.tp
     forward = sum(max(0.0, c - hide * matmuls[k][0]) for k in TP_PAIRS)
     backward = sum(max(0.0, c - hide * matmuls[k][1] / 2) for k in TP_PAIRS)
-    return forward * (2 if work.recompute == "full" else 1) + backward
+    return forward * (2 if s.work.recompute == "full" else 1) + backward
 
 
-def cp_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster, work: Workload,
-               precision: Precision, eff: Efficiency, t_attention: float) -> float:
+def cp_seconds(s: Scenario, t_attention: float) -> float:
     """Exposed CP seconds of one block and micro-batch (`t_attention`: its attention core)."""
+    pc, model, recompute = s.parallel, s.model, s.work.recompute
     if pc.cp == 1:
         return 0.0
-    tokens = work.tokens_per_microbatch(pc)
     kv_heads, q_heads = model.n_kv_heads // pc.tp, model.n_heads // pc.tp
     if pc.cp_impl == "ulysses":
         kv_heads = ulysses_kv_heads(kv_heads, pc.cp)
-        kv = cp_kv_bytes(tokens, kv_heads, model.head_dim, precision.act_bytes)
-        nbytes = cp_layer_bytes(kv, pc.cp, "ulysses", work.recompute, q_heads // kv_heads)
-        passes = 3 if work.recompute == "full" else 2
-        return axis_seconds(nbytes, "cp", pc, cluster, eff.links, "all_to_all", 3 * passes)
-    kv = cp_kv_bytes(tokens, kv_heads, model.head_dim, precision.act_bytes)
-    nbytes = cp_layer_bytes(kv, pc.cp, pc.cp_impl, work.recompute)
+        kv = cp_kv_bytes(s.tokens, kv_heads, model.head_dim, s.precision.act_bytes)
+        nbytes = cp_layer_bytes(kv, pc.cp, "ulysses", recompute, q_heads // kv_heads)
+        passes = 3 if recompute == "full" else 2
+        return s.seconds(nbytes, "cp", "all_to_all", 3 * passes)
+    kv = cp_kv_bytes(s.tokens, kv_heads, model.head_dim, s.precision.act_bytes)
+    nbytes = cp_layer_bytes(kv, pc.cp, pc.cp_impl, recompute)
     if pc.cp_impl == "allgather":
-        calls = 2 + (1 if work.recompute == "full" else 0)
-        return axis_seconds(nbytes, "cp", pc, cluster, eff.links, "all_gather", calls)
-    hops = cp_hops(pc.cp, "ring", work.recompute)
-    t = axis_seconds(nbytes, "cp", pc, cluster, eff.links, "send", hops)
+        calls = 2 + (1 if recompute == "full" else 0)
+        return s.seconds(nbytes, "cp", "all_gather", calls)
+    hops = cp_hops(pc.cp, "ring", recompute)
+    t = s.seconds(nbytes, "cp", "send", hops)
     return max(0.0, t - t_attention)        # K,V of the next block travel meanwhile
 
 
-def p2p_message_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
-                      precision: Precision) -> float:
+def p2p_message_bytes(s: Scenario) -> float:
     """One pipeline send: a micro-batch's [tokens, dim] activations (or their gradient),
     1/tp of them under sequence parallelism."""
-    return work.tokens_per_microbatch(pc) * model.dim * precision.act_bytes / (pc.tp if pc.sp else 1)
+    pc = s.parallel
+    return s.tokens * s.model.dim * s.precision.act_bytes / (pc.tp if pc.sp else 1)
 
 
-def p2p_exposed_seconds(model: ModelConfig, pc: ParallelConfig, cluster: Cluster,
-                        work: Workload, precision: Precision, eff: Efficiency,
-                        t_mb: float) -> float:
+def p2p_exposed_seconds(s: Scenario, t_mb: float) -> float:
     """Pipeline transfers that stick out: one per stage boundary each way while the pipeline
     fills and drains (the first micro-batch crosses all p v - 1 boundaries of the model
     before the last stage can start: interleaving multiplies the hops, as the replay of a
     recorded run shows); in between, a send hides behind the next chunk's compute unless it
     is slower."""
+    pc = s.parallel
     if pc.pp == 1:
         return 0.0
-    size = p2p_message_bytes(model, pc, work, precision)
-    t_p2p = axis_seconds(size, "pp", pc, cluster, eff.links, "send", 1)
+    t_p2p = s.seconds(p2p_message_bytes(s), "pp", "send", 1)
     chunk = t_mb / pc.virtual_stages
-    m = work.microbatches(pc)
     hops = pc.pp * pc.virtual_stages - 1
-    return 2 * hops * t_p2p + 2 * m * pc.virtual_stages * max(0.0, t_p2p - chunk)
+    return 2 * hops * t_p2p + 2 * s.microbatches * pc.virtual_stages * max(0.0, t_p2p - chunk)
 
 
 def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,
@@ -155,24 +148,17 @@ def pipeline_drain_seconds(pp: int, v: int, t_mb: float) -> float:
     return (v - 1) / v * (pp - 1) * t_mb / (2 * v)
 
 
-def fsdp_unit_mb(model: ModelConfig, tp: int, precision: Precision = BF16_MIXED) -> float:
-    """MB of gradients of one transformer layer on one TP rank: FSDP's unit, the size of
-    each of its reduce-scatters and all-gathers (Llama 3 wraps each layer). Large messages
-    keep the rings of a DP group of hundreds of servers bandwidth-bound, not latency-bound."""
-    return local_param_count(model, tp, 1, False, False) * precision.grad_bytes / 1e6
-
-
-def dp_collective_seconds(params: float, pc: ParallelConfig, cluster: Cluster,
-                          precision: Precision, eff: Efficiency) -> tuple[float, float]:
+def dp_collective_seconds(s: Scenario, params: float) -> tuple[float, float]:
     """(reduce-scatter of the gradients, all-gather of the weights) of `params` parameters
     over the dp x cp group, in buckets of --bucket-mb (each bucket one collective)."""
+    pc = s.parallel
     n = pc.dp * pc.cp
-    grad_bytes = params * precision.reduce_bytes
+    grad_bytes = params * s.precision.reduce_bytes
     buckets = max(1.0, grad_bytes / (pc.bucket_mb * 1e6)) if pc.bucket_mb > 0 else 1.0
     if pc.zero == 0:     # one all-reduce (a tree across servers), counted as 2 x t_rs
         ar = wire_bytes("all_reduce", n, int(grad_bytes))
-        return axis_seconds(ar, "dp", pc, cluster, eff.links, "all_reduce", buckets) / 2, 0.0
+        return s.seconds(ar, "dp", "all_reduce", buckets) / 2, 0.0
     rs = wire_bytes("reduce_scatter", n, int(grad_bytes))
-    ag = wire_bytes("all_gather", n, int(params * precision.param_bytes))
-    return (axis_seconds(rs, "dp", pc, cluster, eff.links, "reduce_scatter", buckets),
-            axis_seconds(ag, "dp", pc, cluster, eff.links, "all_gather", buckets))
+    ag = wire_bytes("all_gather", n, int(params * s.precision.param_bytes))
+    return (s.seconds(rs, "dp", "reduce_scatter", buckets),
+            s.seconds(ag, "dp", "all_gather", buckets))

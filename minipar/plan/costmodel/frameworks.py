@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..config import ConfigError, ModelConfig, ParallelConfig, unknown
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
-from .exposure import fsdp_unit_mb
-from .kernels import EAGER_ELEMENTWISE
+from .constants import LLAMA3_EFFICIENCY, Efficiency
+from ..flops import local_param_count
+from ..memory import BF16_MIXED, Precision
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ MEGATRON = Framework(
     })
 
 NANOTRON = Framework(
-    "nanotron", Efficiency(attention="flash2", elementwise=EAGER_ELEMENTWISE, cross_entropy="eager"),
+    "nanotron", Efficiency(attention="flash2", elementwise="eager", cross_entropy="eager"),
     reduce_bytes=4, bucket=25.0, zero=None, tp_overlap=False,
     sources={
         "reduce_bytes": "nanotron config: accumulate_grad_in_fp32 (fp32 gradient buffers are reduced)",
@@ -74,7 +74,7 @@ NANOTRON = Framework(
     })
 
 DEEPSPEED = Framework(
-    "deepspeed", Efficiency(attention="flash2", elementwise=EAGER_ELEMENTWISE, cross_entropy="eager"),
+    "deepspeed", Efficiency(attention="flash2", elementwise="eager", cross_entropy="eager"),
     reduce_bytes=2, bucket=5e8 * 2 / 1e6, zero=3, tp_overlap=False,
     sources={
         "reduce_bytes": "DeepSpeed: communication_data_type defaults to the model's dtype (bf16)",
@@ -92,6 +92,13 @@ def framework(name: str) -> Framework:
     if name not in FRAMEWORKS:
         raise ConfigError(unknown("--framework", name, tuple(FRAMEWORKS)))
     return FRAMEWORKS[name]
+
+
+def fsdp_unit_mb(model: ModelConfig, tp: int, precision: Precision = BF16_MIXED) -> float:
+    """MB of gradients of one transformer layer on one TP rank: FSDP's unit, the size of
+    each of its reduce-scatters and all-gathers (Llama 3 wraps each layer). Large messages
+    keep the rings of a DP group of hundreds of servers bandwidth-bound, not latency-bound."""
+    return local_param_count(model, tp, 1, False, False) * precision.grad_bytes / 1e6
 
 
 def apply(fw: Framework, model: ModelConfig, pc: ParallelConfig,

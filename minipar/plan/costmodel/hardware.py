@@ -14,10 +14,11 @@ import math
 from dataclasses import dataclass
 
 from ..config import ParallelConfig
-from .constants import FABRIC_CURVES, FABRIC_SMALLEST, NCCL_LATENCY_US, fabric_busbw_GBps
+from .constants import FABRIC_FILES, NCCL_LATENCY_US, fabric_busbw_GBps, fabric_smallest
+from ..datasheets import H100
 
 
-FABRICS = ("infiniband", *FABRIC_CURVES)
+FABRICS = ("infiniband", *FABRIC_FILES)
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,12 @@ class Cluster:
     """
 
     name: str = "custom"
-    peak_tflops: float = 989.0          # dense bf16 per GPU
-    hbm_gb: float = 85.9                # GB (1e9 bytes): an "80 GB" H100 holds 80 GiB
-    hbm_TBps: float = 3.35              # HBM bandwidth: what memory-bound kernels run at
-    gpus_per_node: int = 8
-    intra_node_GBps: float = 450.0      # NVLink, per GPU per direction
-    inter_node_Gbps: float = 400.0      # RoCE / InfiniBand NIC, per GPU
+    peak_tflops: float = H100.bf16_tflops          # dense bf16 per GPU (a GPU: its data sheet's)
+    hbm_gb: float = H100.hbm_gb                    # GB (1e9 bytes): an "80 GB" H100 holds 80 GiB
+    hbm_TBps: float = H100.hbm_TBps                # HBM bandwidth: what memory-bound kernels run at
+    gpus_per_node: int = H100.gpus_per_server
+    intra_node_GBps: float = H100.nvlink_GBps      # NVLink, per GPU per direction
+    inter_node_Gbps: float = H100.nic_Gbps         # RoCE / InfiniBand NIC, per GPU
     gpus_per_rack: int = 16
     pod_size: int = 3072
     pod_oversubscription: float = 7.0
@@ -75,11 +76,9 @@ class Cluster:
 # Llama 3 (Dubey et al. 2024, section 3.3.1): H100 SXM at 700 W with 80 GB HBM3, 8 per
 # server on NVLink, one 400 Gb/s RoCE NIC per GPU, racks of 16 GPUs (two servers), pods of
 # 3,072 GPUs with full bisection bandwidth, 1:7 oversubscription between the 8 pods.
-# "80 GB" of HBM3 is 80 GiB = 85.9e9 bytes (nvidia-smi: 81,559 MiB); memory is counted in 1e9.
-LLAMA3_CLUSTER = Cluster(name="llama3 (H100 SXM, 24K)", peak_tflops=989.0, hbm_gb=85.9,
-                         gpus_per_node=8, intra_node_GBps=450.0, inter_node_Gbps=400.0,
-                         gpus_per_rack=16, pod_size=3072, pod_oversubscription=7.0,
-                         n_gpus=24576)
+# The GPU, its memory, NVLink and NIC are the H100's data sheet (`Cluster`'s defaults).
+LLAMA3_CLUSTER = Cluster(name="llama3 (H100 SXM, 24K)", gpus_per_rack=16, pod_size=3072,
+                         pod_oversubscription=7.0, n_gpus=24576)
 
 
 def group_bandwidth_GBps(cluster: Cluster, stride: int, size: int, world: int,
@@ -170,7 +169,7 @@ def measured_collective_seconds(wire: float, op: str, n: int, nodes: int, rail: 
     per_rank = wire / (2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n)
     size = per_rank * cluster.gpus_per_node / rail
     busbw = fabric_busbw_GBps(cluster.fabric, op, nodes, size) * 1e9 * rail / cluster.gpus_per_node
-    smallest = FABRIC_SMALLEST[cluster.fabric]
+    smallest = fabric_smallest(cluster.fabric)
     if size >= smallest:
         return wire / busbw
     # a smaller message: from NCCL's latency (nothing sent) to the smallest one measured
@@ -192,7 +191,7 @@ def axis_seconds(nbytes: float, axis: str, pc: ParallelConfig, cluster: Cluster,
     span = stride * size if span is None else span
     inter = span > cluster.gpus_per_node
     nodes = max(1, min(size, math.ceil(span / cluster.gpus_per_node))) if inter else 1
-    if inter and op in MEASURED_OPS and cluster.fabric in FABRIC_CURVES and calls >= 1:
+    if inter and op in MEASURED_OPS and cluster.fabric in FABRIC_FILES and calls >= 1:
         rail = rail_members(cluster, stride, size)
         return calls * measured_collective_seconds(nbytes / calls, op, size, nodes, rail, cluster)
     intra_eff, inter_eff = network if isinstance(network, tuple) else (network, network)

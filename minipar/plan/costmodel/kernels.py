@@ -13,7 +13,7 @@ Hopper GPU by `benchmarks/kernels/measure.py` (`constants`):
   the length of the sequence block it works on, as measured.
 * memory-bound kernels (RMSNorm, RoPE, SwiGLU's product, residual adds, casts, the loss over
   the vocabulary): no matmul, so only the bytes they move count, at the stream bandwidth
-  of HBM, times what the software stack's kernels really move (`Efficiency.elementwise`).
+  of HBM, times what the software stack's kernels really move (`elementwise_factor`).
 
 The FLOPs are those of `minipar.plan.flops` (6 N + 12 L h s per token, PaLM), cut into GEMMs of
 the shapes one TP rank runs; a causal kernel computes half of the s x s square. Measured on
@@ -22,28 +22,28 @@ by the target's HBM bandwidth.
 """
 from __future__ import annotations
 
+import functools
+
 from ..config import ModelConfig
-from .constants import (CAUSAL_FRACTION, GEMM_CURVE, GEMM_TABLE, KERNELS, MEASURED_HBM_TBps,
-                        MEASURED_PEAK_TFLOPS, STREAM_FRACTION, median, attention_tflops,
-                        cp_attention_tflops)
+from .constants import (CAUSAL_FRACTION, FUSED_ELEMENTWISE, MEASURED_HBM_TBps,
+                        MEASURED_PEAK_TFLOPS, attention_tflops, cp_attention_tflops, gemm_curve,
+                        gemm_table, measurements, median, stream_fraction)
 from .hardware import Cluster
 
 
-def _median_per_logit(key: str) -> float:
-    return median([r[key] / (r["tokens"] * r["vocab"]) for r in KERNELS["cross_entropy"]])
-
-
-# Seconds per logit of the loss, measured (fused, and eager fp32 op by op), on the H200
-CROSS_ENTROPY_S_PER_LOGIT = {"fused": _median_per_logit("fused_s"), "eager": _median_per_logit("eager_s")}
+@functools.cache
+def cross_entropy_s_per_logit(kind: str) -> float:
+    """Seconds per logit of the loss, measured on the H200: "fused", or "eager" (fp32, op by op)."""
+    return median([r[f"{kind}_s"] / (r["tokens"] * r["vocab"]) for r in measurements()["cross_entropy"]])
 
 
 def matmul_seconds(m: float, n: float, k: float, cluster: Cluster, dtype_bytes: int = 2) -> float:
     """One bf16 GEMM [m, k] x [k, n] on one GPU: measured if the shape was, else the curve."""
     scale = MEASURED_PEAK_TFLOPS / cluster.peak_tflops
     shape = (round(m), round(n), round(k))
-    if shape in GEMM_TABLE and dtype_bytes == 2:
-        return GEMM_TABLE[shape] * scale
-    e, w, t0 = GEMM_CURVE
+    if shape in gemm_table() and dtype_bytes == 2:
+        return gemm_table()[shape] * scale
+    e, w, t0 = gemm_curve()
     nbytes = dtype_bytes * (m * k + k * n + m * n)
     return 2.0 * m * n * k / (e * cluster.peak_flops) + nbytes / (w * cluster.hbm_Bps) + t0
 
@@ -110,22 +110,23 @@ def elementwise_bytes_per_token(model: ModelConfig, tp: int, sp: bool, act_bytes
 
 def stream_seconds(nbytes: float, cluster: Cluster) -> float:
     """A memory-bound kernel moving `nbytes` through HBM at the measured stream fraction."""
-    return nbytes / (STREAM_FRACTION * cluster.hbm_Bps)
+    return nbytes / (stream_fraction() * cluster.hbm_Bps)
 
 
 def elementwise_seconds(model: ModelConfig, tokens: float, tp: int, sp: bool,
-                        cluster: Cluster, factor: float = 1.0) -> float:
+                        cluster: Cluster, kind: str = "fused") -> float:
     """Forward + backward (about twice the forward's traffic) of one layer's memory-bound
-    kernels; `factor`: what the stack's kernels move over the bytes counted here
-    (`Efficiency.elementwise`)."""
-    return stream_seconds(factor * 3 * elementwise_bytes_per_token(model, tp, sp) * tokens, cluster)
+    kernels, as the stack's `kind` of kernels ("fused" or "eager", `Efficiency.elementwise`)
+    moves them (`elementwise_factor`)."""
+    nbytes = elementwise_factor(kind) * 3 * elementwise_bytes_per_token(model, tp, sp) * tokens
+    return stream_seconds(nbytes, cluster)
 
 
 def cross_entropy_seconds(tokens: float, vocab_shard: float, cluster: Cluster, kind: str) -> float:
     """The loss over a [tokens, vocab / tp] shard of logits, forward + backward: memory-bound,
     at the measured seconds per logit of the fused or eager (fp32, op by op) loss, scaled
     from the measuring GPU's HBM to the target's."""
-    return (CROSS_ENTROPY_S_PER_LOGIT[kind] * tokens * vocab_shard
+    return (cross_entropy_s_per_logit(kind) * tokens * vocab_shard
             * MEASURED_HBM_TBps * 1e12 / cluster.hbm_Bps)
 
 
@@ -139,8 +140,8 @@ def optimizer_seconds(params: float, cluster: Cluster) -> float:
 # How many times the bytes counted above an implementation's norms, RoPE, SwiGLU and adds
 # really move: whole eager PyTorch blocks were timed on the measuring GPU; what their GEMMs
 # and attention do not explain, over what `elementwise_seconds` gives their pointwise bytes,
-# is the factor (`Efficiency.elementwise`). Derived with this file's own formulas, on the
-# GPU the blocks ran on.
+# is the factor (`elementwise_factor("eager")`). Derived with this file's own formulas, on
+# the GPU the blocks ran on.
 MEASURING_GPU = Cluster(name="H200 (data/kernels_h200.json)", peak_tflops=MEASURED_PEAK_TFLOPS,
                         hbm_TBps=MEASURED_HBM_TBps)
 
@@ -163,4 +164,10 @@ def pointwise_factor(blocks: list[dict], kernel: str = "flash2") -> float:
     return median(out)
 
 
-EAGER_ELEMENTWISE = pointwise_factor(KERNELS["layers"])
+@functools.cache
+def elementwise_factor(kind: str) -> float:
+    """Bytes a stack's pointwise kernels move over the bytes `elementwise_bytes_per_token`
+    counts: 1 when "fused", the measured `pointwise_factor` of eager blocks when "eager"."""
+    if kind == "eager":
+        return pointwise_factor(measurements()["layers"])
+    return {"fused": FUSED_ELEMENTWISE}[kind]

@@ -1,12 +1,12 @@
 """The planner: every layout of a model on N GPUs that fits, ranked by predicted MFU, and why.
 
-Chapter "Four dimensions at once". Exhaustive over a pruned space: TP, CP, PP powers of two
-(TP within one server, CP only while each rank keeps >= 1,024 tokens), DP the rest; 1F1B or
-interleaved with 2, 4 or 8 chunks; micro-batches of 1, 2 or 4 sequences; gradients reduced
-one layer at a time (`exposure.fsdp_unit_mb`, as FSDP does). Two knobs are not
-searched but *chosen*, because they only ever cost time: the least activation recomputation
-(none, selective, full) and the lowest ZeRO stage (1, then 3) that make the layout fit in
-memory. "Fits" keeps `MEMORY_HEADROOM` of HBM free: the memory model counts tensors, not
+Chapter "Four dimensions at once". Exhaustive over the search's layouts (`search.layouts`),
+pruned: TP, CP, PP powers of two (TP within one server, CP only while each rank keeps >=
+1,024 tokens), DP the rest; 1F1B or interleaved with every chunk count the trainer accepts;
+micro-batches of 1, 2 or 4 sequences; gradients reduced one layer at a time
+(`frameworks.fsdp_unit_mb`, as FSDP does). Two knobs are not searched but *chosen*,
+because they only ever cost time: the least activation recomputation (none, selective,
+full) and the lowest ZeRO stage (1, then 3) that make the layout fit in memory. "Fits" keeps `MEMORY_HEADROOM` of HBM free: the memory model counts tensors, not
 the CUDA context, NCCL's buffers or the allocator's fragmentation, and a run near the limit
 is slow where it does not fail. For each of the best layouts `limiting_term` names the
 largest loss and what the step would be without it; when nothing fits,
@@ -18,15 +18,17 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..config import ConfigError, ModelConfig, ParallelConfig
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency, Precision
-from .defaults import largest_tp
-from .exposure import fsdp_unit_mb
+from .constants import LLAMA3_EFFICIENCY, Efficiency
+from .frameworks import fsdp_unit_mb
 from .hardware import Cluster
 from .memory import memory_per_gpu
+from .search import layouts, powers_of_two
 from .time import Estimate, estimate
-from .workload import END_STAGES, Workload, layout_problems, make_workload
+from .workload import Workload, layout_problems, make_workload
+from ..memory import BF16_MIXED, Precision
 
 MIN_TOKENS_PER_CP_RANK = 1024
+MICROBATCH_SIZES = (1, 2, 4)
 # An assumption, not fitted: the share of HBM a plan leaves free. What the memory model does
 # not count (CUDA context and cuBLAS workspaces, NCCL's buffers per communicator, the caching
 # allocator's fragmentation) takes GBs; nanotron printed more than the model counts in every
@@ -58,36 +60,15 @@ class Plan:
     budget_gb: float | None = None           # the HBM less the headroom
 
 
-def _powers(limit: int) -> list[int]:
-    out, x = [], 1
-    while x <= limit:
-        out.append(x)
-        x *= 2
-    return out
-
-
-def layouts(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int,
-            global_batch: int, microbatch_sizes=(1, 2, 4), tp_overlap: bool = False):
-    """Each (ParallelConfig without ZeRO/recompute, micro-batch size) of the pruned space."""
-    tps = _powers(largest_tp(model, min(cluster.gpus_per_node, gpus)))
-    cps = [c for c in _powers(gpus) if seq_len % (2 * c) == 0
-           and (c == 1 or seq_len // c >= MIN_TOKENS_PER_CP_RANK)]
-    pps = _powers(min(gpus, model.n_layers))
-    for tp, cp, pp in itertools.product(tps, cps, pps):
-        if gpus % (tp * cp * pp):
-            continue
-        dp = gpus // (tp * cp * pp)
-        for mbs in microbatch_sizes:
-            if global_batch % (dp * mbs):
-                continue
-            m = global_batch // (dp * mbs)
-            chunks = [("1f1b", 1)] + ([("interleaved", v) for v in (2, 4, 8)
-                                       if pp > 1 and pp * v <= model.n_layers + END_STAGES and m % pp == 0])
-            for schedule, v in chunks:
-                yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1,
-                                     bucket_mb=fsdp_unit_mb(model, tp),
-                                     tp_overlap=tp_overlap and tp > 1, schedule=schedule,
-                                     virtual_stages=v, microbatches=m, cp_impl="allgather"), mbs
+def candidates(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int,
+               global_batch: int, tp_overlap: bool = False):
+    """Each (ParallelConfig without ZeRO/recompute, micro-batch size) of the pruned space:
+    the search's `layouts`, CP kept while each rank has `MIN_TOKENS_PER_CP_RANK` tokens,
+    gradients reduced per layer (FSDP's unit)."""
+    cps = [c for c in powers_of_two(gpus) if c == 1 or seq_len // c >= MIN_TOKENS_PER_CP_RANK]
+    for pc, mbs in layouts(model, cluster, gpus, global_batch, MICROBATCH_SIZES, cps=cps):
+        yield pc.replace(bucket_mb=fsdp_unit_mb(model, pc.tp),
+                         tp_overlap=tp_overlap and pc.tp > 1), mbs
 
 
 def memory_budget_gb(cluster: Cluster, headroom: float = MEMORY_HEADROOM) -> float:
@@ -125,7 +106,7 @@ def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
         raise ConfigError(f"--memory-headroom {headroom} must be a fraction in [0, 1)")
     budget = memory_budget_gb(cluster, headroom)
     found, tried, rejected, least = [], 0, {}, None
-    for pc, mbs in layouts(model, cluster, gpus, seq_len, batch, tp_overlap=tp_overlap):
+    for pc, mbs in candidates(model, cluster, gpus, seq_len, batch, tp_overlap):
         tried += 1
         if layout_problems(model, pc, Workload(seq_len, batch, mbs)):
             rejected["rules"] = rejected.get("rules", 0) + 1

@@ -15,13 +15,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import ModelConfig, ParallelConfig
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, Efficiency
+from .constants import LLAMA3_EFFICIENCY, Efficiency
 from .exposure import cp_seconds, tp_exposed_seconds
 from .hardware import Cluster
 from .kernels import attention_seconds, layer_matmul_seconds
 from .memory import memory_per_gpu
+from .scenario import Scenario
 from .time import estimate
 from .workload import Workload
+from ..memory import BF16_MIXED
 
 
 def llama_of_width(dim: int, n_layers: int = 32) -> ModelConfig:
@@ -37,9 +39,9 @@ def tp_ratio(model: ModelConfig, tp: int, cluster: Cluster, tokens: int = 8192,
     with SP (and collective matmul if `overlap`). Above ~0.1-0.2, TP costs more than it
     saves: the width is too small for that t, or the group left the server."""
     pc = ParallelConfig(tp=tp, sp=tp > 1, tp_overlap=overlap and tp > 1)
-    work = Workload(tokens, 1)
+    s = Scenario(model, pc, cluster, Workload(tokens, 1), BF16_MIXED, eff)
     mm = layer_matmul_seconds(model, tokens, tp, cluster)
-    comm = tp_exposed_seconds(model, pc, cluster, work, BF16_MIXED, eff, mm)
+    comm = tp_exposed_seconds(s, mm)
     return comm / sum(f + b for f, b in mm.values())
 
 
@@ -48,10 +50,9 @@ def cp_ratio(model: ModelConfig, seq_len: int, cp: int, cluster: Cluster, tp: in
     """Unhidden CP seconds over the attention seconds of one block and sequence, with CP
     `cp` after TP `tp` (`impl` "ring" hides what it can behind attention)."""
     pc = ParallelConfig(tp=tp, cp=cp, sp=tp > 1, cp_impl=impl)
-    work = Workload(seq_len, 1)
-    tokens = seq_len // cp
-    t_att = attention_seconds(model, tokens, seq_len, cp, tp, cluster, eff.attention)
-    return cp_seconds(model, pc, cluster, work, BF16_MIXED, eff, t_att) / t_att
+    s = Scenario(model, pc, cluster, Workload(seq_len, 1), BF16_MIXED, eff)
+    t_att = attention_seconds(model, seq_len // cp, seq_len, cp, tp, cluster, eff.attention)
+    return cp_seconds(s, t_att) / t_att
 
 
 def attention_share(model: ModelConfig, seq_len: int, cluster: Cluster, tp: int = 8,

@@ -1,34 +1,76 @@
 """The layout search: every valid way to split a model over N GPUs, ranked by predicted MFU.
 
 Chapter "MFU and communication volume" (and "4D parallelism": which layout would you pick?).
-Brute force over powers of two, each candidate checked by the same rules the trainer
-enforces (`estimate` raises `ConfigError` for the rest) and kept only if it fits in HBM.
+`layouts` is the one enumerator of candidate layouts, the planner's too: powers of two,
+each schedule with every chunk count the trainer accepts. Each candidate is then checked
+by the same rules the trainer enforces (`estimate` raises `ConfigError` for the rest) and
+kept only if it fits in HBM.
 """
 from __future__ import annotations
 
 import itertools
-import math
 
 from ..config import RECOMPUTE_MODES, ConfigError, ModelConfig, ParallelConfig
-from .constants import BF16_MIXED, LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency, Precision
+from .constants import LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency
 from .hardware import LLAMA3_CLUSTER, Cluster
 from .time import Estimate, estimate
-from .workload import END_STAGES
+from .workload import END_STAGES, make_workload
+from ..memory import BF16_MIXED, Precision
 
 
-def _powers_of_two(limit: int) -> list[int]:
-    return [2**i for i in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit` (none when `limit` < 1)."""
+    out, x = [], 1
+    while x <= limit:
+        out.append(x)
+        x *= 2
+    return out
 
 
-def _chunk_counts(schedule: str, pp: int, n_layers: int) -> list[int]:
+def largest_tp(model: ModelConfig, limit: int) -> int:
+    """The largest power of two <= limit dividing heads, KV heads, FFN and vocabulary."""
+    tp = 1
+    while 2 * tp <= limit and all(getattr(model, f) % (2 * tp) == 0
+                                  for f in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")):
+        tp *= 2
+    return tp
+
+
+def chunk_counts(schedule: str, pp: int, n_layers: int) -> list[int]:
     """Chunks per rank to try: 1, or for the interleaved schedule every power of two >= 2
-    that leaves each of the pp x v stages a layer (the end stages may hold none)."""
+    that leaves each of the pp x v stages a layer (the end stages may hold none): exactly
+    the stages rule the trainer checks (`ParallelConfig.problems`)."""
     if schedule != "interleaved":
         return [1]
     if pp == 1:
         return []
-    most = n_layers + END_STAGES
-    return [v for v in _powers_of_two(most) if v > 1 and pp * v <= most]
+    return [v for v in powers_of_two((n_layers + END_STAGES) // pp) if v > 1]
+
+
+def layouts(model: ModelConfig, cluster: Cluster, gpus: int, global_batch: int,
+            microbatch_sizes=(1, 2), schedules=("1f1b", "interleaved"), tps=None, cps=None,
+            pps=None, cp_impl: str = "allgather"):
+    """Each (ParallelConfig, micro-batch size) of `gpus` GPUs: tp, cp, pp powers of two (tp
+    within one server and dividing the model's heads, FFN and vocabulary; or the degrees
+    `tps`, `cps`, `pps` given), dp the rest; each micro-batch size that cuts the
+    `global_batch` sequences evenly over the DP ranks; each schedule with each of its
+    `chunk_counts`. Sequence parallelism on whenever tp > 1. The other rules (the
+    interleaved schedule's micro-batches in multiples of pp among them) are `estimate`'s."""
+    tps = tps or powers_of_two(largest_tp(model, min(cluster.gpus_per_node, gpus)))
+    cps = cps or powers_of_two(gpus)
+    pps = pps or powers_of_two(min(gpus, model.n_layers))
+    for tp, cp, pp in itertools.product(tps, cps, pps):
+        if gpus % (tp * cp * pp):
+            continue
+        dp = gpus // (tp * cp * pp)
+        for mbs in microbatch_sizes:
+            if global_batch % (dp * mbs):
+                continue
+            for schedule in schedules:
+                for v in chunk_counts(schedule, pp, model.n_layers):
+                    yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1, schedule=schedule,
+                                         virtual_stages=v, microbatches=global_batch // (dp * mbs),
+                                         cp_impl=cp_impl), mbs
 
 
 def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: int = 8192,
@@ -41,31 +83,24 @@ def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: in
                  framework: str | None = None) -> list[Estimate]:
     """Valid layouts of `gpus` GPUs ranked by predicted MFU, among those that fit in HBM.
 
-    Searched: tp, cp, pp powers of two (tp up to one server; or the degrees `tps`, `cps`,
-    `pps` given), dp the rest; each schedule (the interleaved one with every chunk count 2,
-    4, ... that fits), micro-batch size, recompute policy and ZeRO stage given. Sequence
-    parallelism on whenever tp > 1; `framework` (`frameworks`) sets what that stack does,
-    its ZeRO stage among it. `top=None` returns them all.
+    Searched: each layout and micro-batch size of `layouts` (the interleaved schedule with
+    every chunk count 2, 4, ... that fits), with each recompute policy and ZeRO stage given.
+    `framework` (`frameworks`) sets what that stack does, its ZeRO stage among it.
+    `top=None` returns them all.
     """
-    tps = tps or _powers_of_two(cluster.gpus_per_node)
-    cps = cps or _powers_of_two(gpus)
-    pps = pps or _powers_of_two(min(gpus, model.n_layers))
+    batch = make_workload(seq_len, global_batch_tokens).global_batch
     found = []
-    for tp, cp, pp in itertools.product(tps, cps, pps):
-        if gpus % (tp * cp * pp):
-            continue
-        dp = gpus // (tp * cp * pp)
-        for sched, mbs, rc, z in itertools.product(schedules, microbatch_sizes, recompute, zero):
-            for v in _chunk_counts(sched, pp, model.n_layers):
-                pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=z, sp=tp > 1,
-                                    schedule=sched, virtual_stages=v, cp_impl=cp_impl)
-                try:
-                    e = estimate(model, pc, cluster, seq_len, global_batch_tokens=global_batch_tokens,
-                                 microbatch_size=mbs, recompute=rc, precision=precision,
-                                 efficiency=efficiency, framework=framework)
-                except ConfigError:
-                    continue
-                if e.fits_memory:
-                    found.append(e)
+    for pc, mbs in layouts(model, cluster, gpus, batch, microbatch_sizes, schedules, tps, cps,
+                           pps, cp_impl):
+        for rc, z in itertools.product(recompute, zero):
+            try:
+                e = estimate(model, pc.replace(zero=z), cluster, seq_len,
+                             global_batch_tokens=global_batch_tokens, microbatch_size=mbs,
+                             recompute=rc, precision=precision, efficiency=efficiency,
+                             framework=framework)
+            except ConfigError:
+                continue
+            if e.fits_memory:
+                found.append(e)
     found.sort(key=lambda e: -e.mfu)
     return found if top is None else found[:top]

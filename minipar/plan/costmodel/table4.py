@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import ModelConfig, ParallelConfig
-from .constants import TABLE4_BATCH_TOKENS
 from . import frameworks
+from .constants import TABLE4_BATCH_TOKENS
 from .hardware import LLAMA3_CLUSTER
 from .time import Estimate, estimate
 

@@ -8,14 +8,14 @@ too; this module evaluates them for one pipeline rank of a layout, so that a tin
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
+from .workload import Workload
+from ..flops import local_param_count
 from ..formulas.context_parallel import cp_wire_bytes_per_step
 from ..formulas.data_parallel import dp_bytes
-from ..flops import local_param_count
 from ..formulas.pipeline_parallel import pp_bytes
-from ..schedules import rank_layers
 from ..formulas.tensor_parallel import tp_wire_bytes_per_step
-from .constants import BF16_MIXED, Precision
-from .workload import Workload
+from ..memory import BF16_MIXED, Precision
+from ..schedules import rank_layers
 
 
 def pipeline_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,

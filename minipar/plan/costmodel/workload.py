@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import ConfigError, ModelConfig, ParallelConfig, Problem, positive, unknown
-from ..schedules import rank_layers
 from .constants import TABLE4_BATCH_TOKENS
+from ..schedules import rank_layers
 
 
 @dataclass(frozen=True)

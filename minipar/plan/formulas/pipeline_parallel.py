@@ -76,15 +76,16 @@ def in_flight_microbatches(schedule: str, pp: int, microbatches: int, stage: int
 
 
 def in_flight_chunks(schedule: str, pp: int, microbatches: int, stage: int = 0,
-                     virtual_stages: int = 1) -> list[int]:
+                     virtual_stages: int = 1, consecutive: int | None = None) -> list[int]:
     """Micro-batches in flight on each of pipeline rank `stage`'s chunks at its peak (the
     first chunk of rank 0 holds the embedding, the last chunk of the last rank the head:
     how many of *those* are in flight decides what they add). Interleaved: the warm-up's
-    forwards go chunk by chunk in groups of p micro-batches (Megatron's order), so forward k
-    belongs to chunk (k // p) mod v."""
+    forwards go chunk by chunk in groups of N = `consecutive` micro-batches (default p,
+    Megatron's order), so forward k belongs to chunk (k // N) mod v."""
     m, p, v = microbatches, pp, virtual_stages
     if schedule != "interleaved" or v == 1 or p == 1:
         return [int(in_flight_microbatches(schedule, p, m, stage))] * v
-    total = min(p * (v - 1) + 2 * (p - 1 - stage) + 1, m * v)
-    group = min(m, p)
+    n = p if consecutive is None else consecutive
+    total = min(n * (v - 1) + 2 * (p - 1 - stage) + 1, m * v)
+    group = min(m, n)
     return [sum(1 for k in range(total) if (k // group) % v == c) for c in range(v)]

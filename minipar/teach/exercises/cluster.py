@@ -7,14 +7,14 @@ import functools
 
 from ...plan import traces
 from ...plan.config import ParallelConfig
+from ...plan.config import TrainConfig
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER, Cluster
 from ...trainer.grid import AXES, ProcessGrid
-from ...plan.config import TrainConfig
 from ...trainer.step import Trainer
+from ...runtime import topology as place
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .collectives import WIRE_WHY
-from ...runtime import topology as place
 from .core import NOT_ANSWERED, Verdict, exercise, function_given, predicted, right, wrong
 
 

@@ -6,8 +6,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from ...trainer.comm import all_gather, all_reduce, exchange, reduce_scatter
 from ...plan.formulas.collectives import wire_bytes
+from ...trainer.comm import Axis, all_gather, all_reduce, nbytes, reduce_scatter, ring_exchange
 from ...trainer.grid import ProcessGrid
 from ...runtime.launch import run_local
 from ...runtime.wire_meter import GLOO_WIRE, HEADER_BYTES, WIRE_GRID, measure, measure_axes
@@ -117,16 +117,15 @@ def check_allreduce(fn) -> Verdict:
 
 # ---------------------------------------------------------------- a ring from sends
 def _ring_exchange(sent: list):
-    """exchange(send_tensor, recv_tensor): send to rank r+1 and receive from r-1 at once
-    (both posted in one batch, so no rank can block the ring); counts the bytes sent."""
-    n, r = dist.get_world_size(), dist.get_rank()
+    """exchange(send_tensor, recv_tensor): one `comm.ring_exchange` over all the ranks (send
+    to rank r+1, receive from r-1, posted in one batch), the received tensor copied into
+    `recv`; counts the bytes sent."""
+    ring = Axis("ring", tuple(range(dist.get_world_size())), dist.get_rank())
 
     def exchange(send: torch.Tensor, recv: torch.Tensor):
-        ops = [dist.P2POp(dist.isend, send.contiguous(), (r + 1) % n),
-               dist.P2POp(dist.irecv, recv, (r - 1) % n)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        sent.append(send.numel() * send.element_size())
+        (arrived,) = ring_exchange(ring, send).wait()
+        recv.copy_(arrived)
+        sent.append(nbytes(send))
     return exchange
 
 
@@ -224,8 +223,7 @@ def _wire_step(_):
     def step():
         all_gather(reduce_scatter(x, axis), axis)
         all_reduce(x.clone(), axis)
-        exchange(sends=[(x, axis.global_rank(axis.rank + 1))],
-                 recvs=[(torch.empty_like(x), axis.global_rank(axis.rank - 1))], axis_name="dp")
+        ring_exchange(axis, x).wait()
     dist.barrier()
     return measure(step)
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ...plan.config import ModelConfig, ParallelConfig
+from ...plan.config import TrainConfig
 from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
 from ...trainer.comm import Axis
 from ...trainer.grid import ProcessGrid
@@ -24,12 +25,11 @@ from ...trainer.parallel.context import (block_forward, local_positions, ring_at
                                          shard_for_context_parallel)
 from ...trainer.parallel.context_analysis import attention_work, contiguous_chunks
 from ...trainer.parallel.regions import gather_from_group
-from ...plan.config import TrainConfig
 from ...trainer.step import Trainer
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
-from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .. import replays
+from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .core import (FLOAT32, Tolerance, Verdict, at, exercise, first_difference, function_given,
                    number, on_ranks, predicted, replayed_exposure, right, wrong)
 

@@ -5,17 +5,17 @@ import torch
 import torch.distributed as dist
 
 from ...plan.config import ParallelConfig
-from ...plan.formulas.data_parallel import dp_bytes
-from ...trainer.parallel.data import FIRST_BUCKET_MB, make_buckets
 from ...plan.config import TrainConfig
 from ...plan.config import ModelConfig
-from ...plan.formulas.collectives import wire_bytes
 from ...plan.flops import param_count
+from ...plan.formulas.collectives import wire_bytes
+from ...plan.formulas.data_parallel import dp_bytes
+from ...trainer.parallel.data import FIRST_BUCKET_MB, make_buckets
 from ...trainer.step import Trainer
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
-from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .. import replays
+from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
                    function_given, on_ranks, predicted, replayed_exposure, right, wrong)
 

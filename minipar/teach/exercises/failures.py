@@ -6,12 +6,12 @@ import math
 import posixpath
 import tempfile
 
-from ...plan.formulas.failures import expected_waste
 from ...plan.config import ParallelConfig
 from ...plan.config import TrainConfig
+from ...plan.formulas.failures import expected_waste
 from ...runtime.run import train
-from ..numbers.failures import crash_table
 from .core import Verdict, compare_calls, exercise, function_given, predicted, right, wrong
+from ..numbers.failures import crash_table
 
 
 def best_interval(write_s: float, mtbf_s: float) -> float:

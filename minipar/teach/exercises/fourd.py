@@ -10,19 +10,19 @@ from __future__ import annotations
 from functools import cache
 
 from ...plan.config import ConfigError, ModelConfig, ParallelConfig
+from ...plan.config import TrainConfig
 from ...plan.costmodel import estimate, gpu_cluster, plan
 from ...plan.costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, memory_budget_gb
 from ...plan.flops import local_param_count
 from ...plan.flops import param_count
 from ...trainer.grid import AXES, ProcessGrid
-from ...plan.config import TrainConfig
 from ...trainer.step import Trainer
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY
-from ..numbers.fourd import PLAN_EXERCISE
 from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, reveals, right,
                    wrong)
+from ..numbers.fourd import PLAN_EXERCISE
 
 
 @exercise("fourd", "implement")

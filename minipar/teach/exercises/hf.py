@@ -1,11 +1,11 @@
 """The exercises of the hf chapter, checked (see core.py for how): the slice a TP rank reads
-from a safetensors file (on real gloo ranks, against `minipar.runtime.hf.read_piece`), the q/k
+from a safetensors file (on real gloo ranks, against minipar's cut,
+`minipar.trainer.placement.local_index`), the q/k
 permutation between Meta's and Hugging Face's RoPE layouts, the loss of a model just
 loaded, and the bytes the KV cache of a real generation holds."""
 from __future__ import annotations
 
 import functools
-import math
 import tempfile
 from pathlib import Path
 
@@ -14,14 +14,16 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ...runtime import generate as generation, hf
 from ...plan.config import ModelConfig, ParallelConfig
-from ...trainer.model import Transformer, apply_rope, rope_cos_sin
 from ...plan.config import TrainConfig
+from ...trainer.grid import ProcessGrid
+from ...trainer.model import Transformer, apply_rope, rope_cos_sin
+from ...trainer.placement import Shard, local_index
+from ...runtime import generate as generation
 from ...runtime.run import train
-from ..numbers.hf import kv_bytes_per_token
 from .core import (BITWISE, Tolerance, Verdict, exercise, first_difference, function_given,
                    on_ranks, predicted, right, wrong)
+from ..numbers.hf import kv_bytes_per_token
 
 ANGLES = Tolerance(1e-4, 1e-5, "minipar's rotation angles are float32 (pos x freq), the "
                    "rest float64")
@@ -39,11 +41,9 @@ def _tp_slice_worker(path: str, read_tp):
     rank, size = dist.get_rank(), dist.get_world_size()
     with safe_open(path, framework="pt") as f:
         for name, (shape, dim) in TENSORS.items():
-            local = list(shape)
-            if dim is not None:
-                local[dim] //= size
-            want = hf.read_piece(f.get_slice(name), local, dim, rank, size, 0,
-                                 math.prod(local)).view(local)
+            record = {} if dim is None else {"tp": Shard(dim)}
+            axes = ProcessGrid(tp=size, rank=rank).axes       # this rank's, on a grid of tp
+            want = f.get_slice(name)[local_index(shape, record, axes)]
             got = read_tp(f.get_slice(name), dim, rank, size)
             problem = first_difference(got, want, name, BITWISE)
             if problem:
@@ -56,7 +56,7 @@ def check_tp_slice(read_tp, world: int = 2) -> Verdict:
     """read_tp(sl, tp_dim, tp_rank, tp_size) -> tensor: the part of a stored tensor that TP
     rank `tp_rank` of `tp_size` holds (`sl` = safe_open(...).get_slice(name), indexed like a
     tensor: sl[a:b], sl[:, a:b]; tp_dim None: the whole tensor). Run on `world` gloo ranks
-    against minipar.runtime.hf.read_piece."""
+    against minipar.trainer.placement.local_index."""
     problem = function_given(read_tp)
     if problem is not None:
         return problem

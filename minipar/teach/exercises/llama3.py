@@ -15,15 +15,15 @@ from __future__ import annotations
 import torch
 
 from ...plan.config import ModelConfig, ParallelConfig, TrainConfig
-from ...plan.costmodel.constants import BF16_MIXED
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER
 from ...plan.costmodel.table4 import TABLE4
 from ...plan.flops import local_param_count
 from ...plan.flops import param_count
+from ...plan.memory import BF16_MIXED
 from ...trainer.grid import ProcessGrid
 from ...trainer.model import Transformer
-from ...runtime.topology import straddling_replicas
 from ...runtime.run import train
+from ...runtime.topology import straddling_replicas
 from .core import (Verdict, compare_calls, exercise, function_given, number, predicted, right,
                    wrong)
 

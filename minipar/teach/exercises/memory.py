@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from ...plan.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
-from ...plan.costmodel.constants import BF16_MIXED
 from ...plan.costmodel.memory import fullest_stage, memory_of_rank
 from ...plan.costmodel.workload import layout_problems, make_workload
-from ...trainer.memory_meter import ActivationMeter
 from ...plan.flops import param_count
+from ...plan.memory import BF16_MIXED
+from ...trainer.memory_meter import ActivationMeter
 from ...trainer.model import Transformer, cross_entropy_sum
 from ...runtime.run import train
 from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference,

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ...plan.config import ModelConfig, ParallelConfig, TrainConfig
 from ...plan.costmodel import FP32, Workload, comm_bytes_per_gpu
+from ...plan.datasheets import SHEETS
 from ...plan.flops import mfu
 from ...plan.flops import param_count
 from ...trainer.model import Transformer, cross_entropy_sum
@@ -94,10 +95,11 @@ def buggy_mfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops:
     return tokens_per_s * per_token / (peak_flops * n_gpus)
 
 
-MFU_CASES = [(1.2e6, ModelConfig.preset("llama3-405b"), 8192, 989e12, 8192),
-             (1.1e6, ModelConfig.preset("llama3-405b"), 131072, 989e12, 16384),
+H100_PEAK, A100_PEAK = SHEETS["H100"].peak_flops(), SHEETS["A100"].peak_flops()
+MFU_CASES = [(1.2e6, ModelConfig.preset("llama3-405b"), 8192, H100_PEAK, 8192),
+             (1.1e6, ModelConfig.preset("llama3-405b"), 131072, H100_PEAK, 16384),
              (3.0e4, ModelConfig(tie_embeddings=True), 128, 1e12, 2),
-             (5.0e3, ModelConfig.preset("llama3.2-1b"), 4096, 312e12, 1)]
+             (5.0e3, ModelConfig.preset("llama3.2-1b"), 4096, A100_PEAK, 1)]
 
 
 @exercise("mfu", "bug")

@@ -13,13 +13,13 @@ import contextlib
 import functools
 import tempfile
 
-from ...plan.config import ParallelConfig
-from ...trainer.parallel import pipeline
 from ...plan import traces
+from ...plan.config import ParallelConfig
+from ...plan.config import TrainConfig
 from ...plan.schedule_analysis import (check_p2p_plan, peak_in_flight, pipeline_events,
                                        timeline_from_events)
 from ...plan.schedules import Action, ScheduleError, make_schedule, p2p_plan, simulate
-from ...plan.config import TrainConfig
+from ...trainer.parallel import pipeline
 from ...runtime.run import train
 from .. import replays
 from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given, hidden,
@@ -120,7 +120,7 @@ def executing(schedule):
     """minipar's executor runs `schedule` (whatever --schedule says) while inside: the
     forked ranks of a `train` call inherit the swapped plan."""
     original = pipeline.plan_of
-    pipeline.plan_of = lambda name, p, m, v: p2p_plan(schedule)
+    pipeline.plan_of = lambda *_: p2p_plan(schedule)
     try:
         yield
     finally:

@@ -14,15 +14,15 @@ import torch
 import torch.distributed as dist
 
 from ...plan.config import ParallelConfig
-from ...trainer.grid import ProcessGrid
-from ...trainer.parallel.regions import reduce_from_group
 from ...plan.config import ModelConfig, TrainConfig
 from ...plan.formulas.tensor_parallel import tp_layer_bytes, tp_wire_bytes_per_step
+from ...trainer.grid import ProcessGrid
+from ...trainer.parallel.regions import reduce_from_group
 from ...trainer.step import Trainer
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
-from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .. import replays
+from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
 from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
                    function_given, on_ranks, predicted, replayed_exposure)
 

@@ -6,9 +6,9 @@ import matplotlib.pyplot as plt
 
 from ...plan.costmodel.hardware import Cluster
 from ...trainer.grid import AXES, ProcessGrid
+from ...runtime import topology as place
 from ..figures.cluster import plot_grid_on_cluster
 from ..style import PAGE_WIDTH
-from ...runtime import topology as place
 from ..widgets import choice, explorer
 
 DEFAULTS = dict(tp=2, cp=1, pp=4, dp=8, gpus_per_node=8, pod_size=32)

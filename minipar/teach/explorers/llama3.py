@@ -12,12 +12,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ...plan.config import ModelConfig
-from ...plan.costmodel.constants import BF16_MIXED
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER
 from ...plan.costmodel.table4 import Table4Row
+from ...plan.formulas.collectives import wire_bytes
 from ...plan.formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
 from ...plan.formulas.tensor_parallel import tp_layer_bytes
-from ...plan.formulas.collectives import wire_bytes
+from ...plan.memory import BF16_MIXED
 from ..figures.llama3 import draw_replicas
 from ..style import COLORS, PAGE_WIDTH
 from ..widgets import choice, explorer, powers

@@ -9,9 +9,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from ...trainer.ring import ring_schedule
 from ...plan.formulas.collective_time import (ALL_REDUCE_ALGORITHMS, all_reduce_cost,
                                               all_reduce_time)
+from ...trainer.ring import ring_schedule
 from ..style import PAGE_WIDTH, SMALL
 
 # Bytes one rank sends, as a fraction of the message S, under the ring algorithm. Written

@@ -12,8 +12,8 @@ import torch
 from matplotlib.patches import Polygon, Rectangle
 
 from ...plan.config import ModelConfig
-from ...plan.formulas.memory import activation_elements
 from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
+from ...plan.formulas.memory import activation_elements
 from ...plan.schedules import stage_layer_counts
 from ...trainer.parallel.context import (block_forward, local_positions, merge, ring_steps,
                                          zigzag_chunks)

@@ -13,11 +13,12 @@ import numpy as np
 
 import torch
 
-from ...runtime.checkpoint import tp_local
 from ...plan.formulas.failures import expected_waste, young_interval
+from ...trainer.grid import ProcessGrid
 from ...trainer.parallel.zero import FlatShards
-from ..numbers.failures import broken_commit, crash_table, safe_commit
+from ...trainer.placement import Shard, local_index
 from ..numbers import failures as facts
+from ..numbers.failures import broken_commit, crash_table, safe_commit
 from ..style import COLORS, FAILURE_CATEGORIES, PAGE_WIDTH, SMALL
 
 
@@ -140,11 +141,12 @@ def plot_commit_protocol():
 
 def owners(shape, tp_dim, tp: int, dp: int, zero: bool) -> torch.Tensor:
     """Which rank (tp_rank + tp * dp_rank) holds each element of a tensor of `shape`: the
-    TP chunk `checkpoint.tp_local` cuts, then, under ZeRO, the `FlatShards` piece of it."""
+    TP chunk `placement.local_index` cuts, then, under ZeRO, the `FlatShards` piece of it."""
     index = torch.arange(math.prod(shape)).view(shape)
     owner = torch.empty(math.prod(shape), dtype=torch.long)
     for t in range(tp):
-        local = tp_local(index, tp_dim, t, tp).reshape(-1)
+        part = local_index(shape, {"tp": Shard(tp_dim)}, ProcessGrid(tp=tp, rank=t).axes)
+        local = index[part].reshape(-1)
         for d in range(dp if zero else 1):
             a, b = FlatShards([local.shape], dp).piece_range(0, d) if zero else (0, len(local))
             owner[local[a:b]] = t + tp * d

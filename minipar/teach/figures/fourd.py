@@ -18,9 +18,9 @@ from ...plan.costmodel.calibration import held_out_runs, published_runs
 from ...plan.costmodel.evaluate import predict
 from ...plan.formulas.pipeline_parallel import bubble_fraction
 from ...trainer.grid import AXES, ProcessGrid
+from .. import replays
 from ..numbers.fourd import (DP_FRAMEWORKS, DP_RULE_BATCH, WORKED, dp_rule_share,
                              worked_cluster, worked_plan)
-from .. import replays
 from ..style import AXIS_NAMES, COLORS, PAGE_WIDTH
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from ...plan.config import ModelConfig
 from ...plan.costmodel import LLAMA3_CLUSTER, TABLE4, table4, wire_seconds
 from ...plan.costmodel.constants import NIC_BUSBW_FRACTION
 from ...plan.costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
-from ...plan.config import ModelConfig
 from ...plan.flops import attention_flops_per_token, dense_flops_per_token
 from .. import replays
 from ..style import AXES, AXIS_NAMES, BLUE, COLORS, GREEN, ORANGE, PAGE_WIDTH, stacked_bars

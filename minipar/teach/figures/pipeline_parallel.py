@@ -9,8 +9,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ...plan.formulas.pipeline_parallel import bubble_fraction
 from ...plan import traces
+from ...plan.formulas.pipeline_parallel import bubble_fraction
 from ...plan.schedule_analysis import pipeline_events, timeline_from_events
 from ...plan.schedules import Timeline, make_schedule, simulate
 from .. import replays
@@ -63,7 +63,7 @@ def plot_trace(path, ax=None, title=None):
     return ax
 
 
-def plot_bubble_vs_microbatches(n_stages: int = 4, microbatches=range(1, 33), n_virtual: int = 2,
+def plot_bubble_vs_microbatches(pp: int = 4, microbatches=range(1, 33), n_virtual: int = 2,
                                 ax=None):
     """The bubble fraction of each schedule as the number of micro-batches m grows: afab and
     1F1B share (p-1)/(m+p-1), interleaving divides the slot by v, zero-bubble (with forward,
@@ -75,11 +75,11 @@ def plot_bubble_vs_microbatches(n_stages: int = 4, microbatches=range(1, 33), n_
               ("zb (ZB-H1)", "-")]
     for label, style in curves:
         name = label.split()[0]
-        ax.plot(ms, [bubble_fraction(name, n_stages, m, v=n_virtual) for m in ms], style,
+        ax.plot(ms, [bubble_fraction(name, pp, m, v=n_virtual) for m in ms], style,
                 label=label)
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble fraction")
-    ax.set_title(f"p = {n_stages} stages", fontsize=9)
+    ax.set_title(f"p = {pp} stages", fontsize=9)
     ax.legend(fontsize=8)
     return ax
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 from ...plan.config import ModelConfig
-from ...plan.costmodel.constants import BF16_MIXED, CAUSAL_FRACTION, LLAMA3_EFFICIENCY
+from ...plan.costmodel.constants import CAUSAL_FRACTION, LLAMA3_EFFICIENCY
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER
 from ...plan.costmodel.kernels import attention_flops_per_s
 from ...plan.costmodel.table4 import TABLE4
-from ...plan.formulas.memory import activation_elements
 from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
+from ...plan.formulas.memory import activation_elements
+from ...plan.memory import BF16_MIXED
 from ...plan.schedules import stage_layer_counts
 from ...trainer.parallel.context_analysis import attention_work, contiguous_chunks
 from .. import replays

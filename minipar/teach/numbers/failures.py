@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import signal
 
-from ...plan.formulas.failures import expected_waste, young_interval
 from ...plan.config import ModelConfig
 from ...plan.flops import param_count
+from ...plan.formulas.failures import expected_waste, young_interval
 from .core import Number, assumed, derived, paper
 
 # Table 5: component, category, unexpected interruptions, share as printed (%)

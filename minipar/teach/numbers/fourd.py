@@ -12,7 +12,6 @@ from functools import cache
 from ...plan import costmodel as cm
 from ...plan.config import ModelConfig, ParallelConfig
 from ...plan.costmodel import rules
-from ...plan.costmodel.constants import BF16_MIXED
 from ...plan.costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement,
                                            heatmap_cells, held_out_runs, playbook_flops_ratio,
                                            playbook_mfu_ratios, playbook_runs)
@@ -21,6 +20,7 @@ from ...plan.costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, layout_order,
 from ...plan.costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                        memory_budget_gb, plan)
 from ...plan.flops import flops_per_token, param_count
+from ...plan.memory import BF16_MIXED
 from .core import Number, assumed, derived
 
 _EVAL = "python -m minipar.costmodel.evaluate"
@@ -65,7 +65,7 @@ def _fit() -> dict[str, Number]:
     out = {"n_runs": Number(len(res), source=_EVAL),
            "mean_target": Number(MEAN_TARGET, "{:g}", source="issue 26's target"),
            "worst_target": Number(WORST_TARGET, "{:g}", source="issue 26's target"),
-           "n_constants": Number(len(cm.CONSTANTS), source="python -m minipar.costmodel constants"),
+           "n_constants": Number(len(cm.all_constants()), source="python -m minipar.costmodel constants"),
 
            "within5": Number(sum(abs(r) <= 5 for r in res), source=_EVAL),
            "mean_res": Number(summary["mean_abs_error"], "{:.1f}", source=_EVAL),
@@ -168,7 +168,7 @@ def _rule1() -> dict[str, Number]:
     row = cm.TABLE4[0]
     return {"state_gpus": derived(-(-state // (c.hbm_gb * 1e9)), "{:,.0f}", source="state / HBM"),
             "state_per_gpu_gb": derived(state / (row.tp * row.pp) / 1e9, "{:.0f} GB", source="state / (TP8 x PP16)"),
-            "ridge": Number(c.peak_flops / c.hbm_Bps, "{:.0f}", source="989 TFLOP/s / 3.35 TB/s")}
+            "ridge": Number(c.peak_flops / c.hbm_Bps, "{:.0f}", source="H100: peak FLOP/s / HBM bytes/s")}
 
 
 def _rules() -> dict[str, Number]:

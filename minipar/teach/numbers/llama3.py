@@ -4,15 +4,16 @@ from __future__ import annotations
 
 
 from ...plan.config import ModelConfig
-from ...plan.costmodel.constants import BF16_MIXED, TABLE4_BATCH_TOKENS
+from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER
 from ...plan.costmodel.table4 import TABLE4
+from ...plan.flops import layer_param_count, param_count
+from ...plan.formulas.collectives import wire_bytes
 from ...plan.formulas.context_parallel import cp_kv_bytes
 from ...plan.formulas.data_parallel import dp_bytes
 from ...plan.formulas.memory import layer_saved_elements
-from ...plan.flops import layer_param_count, param_count
 from ...plan.formulas.tensor_parallel import tp_layer_bytes
-from ...plan.formulas.collectives import wire_bytes
+from ...plan.memory import BF16_MIXED
 from .core import Number, assumed, derived, paper
 
 

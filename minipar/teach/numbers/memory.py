@@ -12,14 +12,14 @@ import math
 import torch
 
 from ...plan.config import ModelConfig
-from ...plan.costmodel.constants import BF16_MIXED, FP32
-from ...plan.costmodel.memory import fullest_stage, layer_bytes, memory_of_rank
+from ...plan.config import TrainConfig
+from ...plan.costmodel.memory import fullest_stage, memory_of_rank
 from ...plan.costmodel.table4 import table4
+from ...plan.flops import layer_param_count, param_count
 from ...plan.formulas.memory import activation_elements, layer_saved_elements
 from ...plan.formulas.pipeline_parallel import in_flight_chunks
+from ...plan.memory import BF16_MIXED, FP32, layer_bytes
 from ...plan.schedules import stage_layer_counts
-from ...plan.flops import layer_param_count, param_count
-from ...plan.config import TrainConfig
 from .core import Number, assumed, derived, paper
 
 GIB = 2**30

@@ -10,12 +10,13 @@ from __future__ import annotations
 from functools import cache
 
 from ...plan import costmodel as cm
-from ...plan.costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
-from ...plan.costmodel.time import critical_seconds, dp_terms, microbatch_seconds
 from ...plan.config import ModelConfig, ParallelConfig
+from ...plan.costmodel.scenario import Scenario
+from ...plan.costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
+from ...plan.costmodel.time import dp_terms, microbatch_seconds
+from ...plan.datasheets import SHEETS
+from ...plan.flops import attention_flops_per_token, dense_flops_per_token, flops_per_token
 from ...runtime.topology import straddling_replicas
-from ...plan.flops import (attention_flops_per_token, dense_flops_per_token, flops_per_token,
-                           gpu_peak_flops)
 from .core import Number, derived, measured
 
 _CM = "cost model (costmodel.table4), Table 4 row {}"
@@ -44,7 +45,7 @@ def _row(i: int, row, e) -> dict[str, Number]:
         p + "tokens_per_s": derived(e.tokens_per_s, "{:,.0f}", src),
         p + "gap_pts": derived(100 * abs(e.mfu - row.mfu), "{:.1f}", "|predicted - published| MFU"),
         p + "mfu_exact": derived(row.tflops_per_gpu / cm.LLAMA3_CLUSTER.peak_tflops, "{:.1%}",
-                                 "published TFLOP/s / 989"),
+                                 "published TFLOP/s / the H100's data-sheet peak"),
         p + "step_published_s": derived(published_step, "{:.1f} s",
                                         "16M tokens x FLOPs per token / (GPUs x TFLOP/s)"),
         p + "flops_per_token": derived(flops_per_token(m, row.seq_len), "{:.2e}", "6N + 12 L h s"),
@@ -87,13 +88,13 @@ def _dp_reductions() -> dict[str, Number]:
     model = ModelConfig.preset(L405)
     for i, (row, e) in enumerate(_table4()[:2], start=1):
         _, precision, eff = cm.frameworks.apply(cm.frameworks.LLAMA3, model, row.parallel())
-        pc, work = e.parallel, e.workload
-        t_mb = critical_seconds(microbatch_seconds(model, pc, cm.LLAMA3_CLUSTER, work, precision, eff))
-        dp = dp_terms(model, pc, cm.LLAMA3_CLUSTER, work, precision, eff, t_mb)
+        s = Scenario(model, e.parallel, cm.LLAMA3_CLUSTER, e.workload, precision, eff)
+        t_mb = microbatch_seconds(s).critical
+        dp = dp_terms(s, t_mb)
         src = _CM.format(i) + ", costmodel.time.dp_terms"
-        out.update({f"row{i}_rs_total_s": derived(e.microbatches * dp["reduce_scatter"], "{:.1f} s", src),
-                    f"row{i}_late_s": derived(dp["late"], "{:.1f} s", src),
-                    f"row{i}_pp_nic_s": derived(dp["pp_nic"], "{:.2f} s", src),
+        out.update({f"row{i}_rs_total_s": derived(e.microbatches * dp.reduce_scatter, "{:.1f} s", src),
+                    f"row{i}_late_s": derived(dp.late, "{:.1f} s", src),
+                    f"row{i}_pp_nic_s": derived(dp.pp_nic, "{:.2f} s", src),
                     f"row{i}_mb_s": derived(t_mb, "{:.2f} s", src)})
     return out
 
@@ -106,7 +107,7 @@ def _flops() -> dict[str, Number]:
         att = attention_flops_per_token(m, s)
         out[f"att_{name}"] = derived(att, "{:.2e}", f"12 L h s at s = {s:,}")
         out[f"att_share_{name}"] = derived(att / (dense + att), "{:.0%}", "12 L h s / (6N + 12 L h s)")
-    out["a100_peak"] = Number(gpu_peak_flops("A100") / 1e12, "{:.0f}", source="flops.GPU_PEAK_FLOPS")
+    out["a100_peak"] = Number(SHEETS["A100"].bf16_tflops, "{:.0f}", source="datasheets.SHEETS")
     return out
 
 
@@ -146,7 +147,7 @@ def _tiny_bytes() -> dict[str, Number]:
 def _constants() -> dict[str, Number]:
     """The measured constants the chapter quotes (`costmodel.constants`), each with its source;
     and what Table 4 row 1 becomes under each framework's stack."""
-    c = cm.CONSTANTS
+    c = cm.all_constants()
     formats = {"gemm.max_fraction": "{:.0%}", "attention.flash2_8k": "{:.0f} TFLOP/s",
                "attention.cudnn_8k": "{:.0f} TFLOP/s", "attention.flash2_cp_chunk": "{:.0f} TFLOP/s",
                "attention.cudnn_cp_chunk": "{:.0f} TFLOP/s", "hbm.stream_fraction": "{:.0%}",
@@ -181,7 +182,7 @@ def _nic_window() -> dict[str, Number]:
 def slowest_kernels_table4():
     """Table 4 under Llama 3's stack but the slowest kernels measured: FlashAttention-2,
     eager pointwise ops and loss (what the paper's unnamed kernels could at worst be)."""
-    return cm.table4(attention="flash2", elementwise=cm.kernels.EAGER_ELEMENTWISE, cross_entropy="eager")
+    return cm.table4(attention="flash2", elementwise="eager", cross_entropy="eager")
 
 
 def _memory() -> dict[str, Number]:

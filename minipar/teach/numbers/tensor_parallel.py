@@ -10,14 +10,15 @@ from dataclasses import replace
 from functools import cache
 
 from ...plan.config import ModelConfig
-from ...plan.costmodel.constants import BF16_MIXED, TABLE4_BATCH_TOKENS
+from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER
 from ...plan.costmodel.table4 import TABLE4
 from ...plan.costmodel.time import estimate
 from ...plan.flops import flops_per_token
-from ...plan.formulas.data_parallel import dp_bytes
 from ...plan.flops import layer_param_count, param_count
 from ...plan.formulas.collectives import wire_bytes
+from ...plan.formulas.data_parallel import dp_bytes
+from ...plan.memory import BF16_MIXED
 from .. import replays
 from .core import Number, derived, from_replay, replayed_ms
 

@@ -57,12 +57,6 @@ def scatter_chunk(rank: int, t: int, k: int) -> int:
     return (rank - k - 1) % t
 
 
-def _pass_on(t: torch.Tensor, axis: comm.Axis) -> comm.Handle:
-    """Send `t` to the next rank of the ring, receive the previous rank's: in flight."""
-    nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
-    return comm.exchange_async([(t, nxt)], [(torch.empty_like(t), prv)], axis_name=axis.log_as)
-
-
 def all_gather_matmul(x_local: torch.Tensor, matmul: Callable, axis: comm.Axis):
     """Every rank's chunk of x passes through `matmul(c, chunk_c)` as it goes round the
     ring; each transfer runs while the chunk already here is multiplied.
@@ -74,8 +68,8 @@ def all_gather_matmul(x_local: torch.Tensor, matmul: Callable, axis: comm.Axis):
         c = gather_chunk(r, t, k)
         chunks[c] = here                       # kept: it is being sent until wait()
         if k < t - 1:
-            in_flight = _pass_on(here, axis)   # the next chunk travels ...
-        results[c] = matmul(c, here)           # ... while this one is multiplied
+            in_flight = comm.ring_exchange(axis, here)   # the next chunk travels ...
+        results[c] = matmul(c, here)                     # ... while this one is multiplied
         if k < t - 1:
             (here,) = in_flight.wait()
     return chunks, results
@@ -88,8 +82,8 @@ def matmul_reduce_scatter(part: Callable, axis: comm.Axis) -> torch.Tensor:
     t, r = axis.size, axis.rank
     running = part(scatter_chunk(r, t, 0))     # step 0: start the sum of chunk r - 1
     for k in range(1, t):
-        in_flight = _pass_on(running, axis)    # the sum so far goes on ...
-        mine = part(scatter_chunk(r, t, k))    # ... while I compute my part of the next
+        in_flight = comm.ring_exchange(axis, running)   # the sum so far goes on ...
+        mine = part(scatter_chunk(r, t, k))             # ... while I compute my part of the next
         (arrived,) = in_flight.wait()
         running = mine + arrived
     return running

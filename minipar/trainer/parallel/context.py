@@ -32,8 +32,8 @@ import math
 import torch
 
 from .. import comm
-from . import regions
 from ..model import causal_attention
+from . import regions
 
 
 # ============================================================ the load-balanced layout
@@ -177,19 +177,6 @@ class OnlineSoftmax:
 
 
 # ============================================================ ring attention
-def _ring_pass(tensors, axis: comm.Axis):
-    """Start sending `tensors` to the next rank of the ring and receiving the previous rank's;
-    the handle's wait() returns what arrived. The transfer runs while the caller computes.
-
-    Sends and receives are posted in one batch (`comm.exchange_async`), so a ring of blocking
-    sends cannot deadlock.
-    """
-    nxt, prv = axis.global_rank(axis.rank + 1), axis.global_rank(axis.rank - 1)
-    sends = [(t, nxt) for t in tensors]
-    recvs = [(torch.empty_like(t), prv) for t in tensors]
-    return comm.exchange_async(sends, recvs, axis_name=axis.log_as)
-
-
 class _RingAttention(torch.autograd.Function):
     """Exact causal attention of this rank's queries against the whole sequence's keys.
 
@@ -209,7 +196,7 @@ class _RingAttention(torch.autograd.Function):
         k_cur, v_cur = k, v
         for t, (_, pairs) in enumerate(steps):
             # the next block travels while this one is used (none after the last step)
-            in_flight = _ring_pass([k_cur, v_cur], axis) if t < len(steps) - 1 else None
+            in_flight = comm.ring_exchange(axis, k_cur, v_cur) if t < len(steps) - 1 else None
             queries.attend(k_cur, v_cur, pairs)
             if in_flight is not None:
                 k_cur, v_cur = in_flight.wait()
@@ -221,7 +208,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         queries = OnlineSoftmax(q, k.shape[2], out, lse, dout)
-        kv_in_flight = _ring_pass([k, v], ctx.axis)   # step 1's block, already going
+        kv_in_flight = comm.ring_exchange(ctx.axis, k, v)   # step 1's block, already going
         # step 0, this rank's own block: its gradient stays here
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         queries.backprop(k, v, ctx.steps[0][1], dk, dv)
@@ -231,14 +218,14 @@ class _RingAttention(torch.autograd.Function):
         for t, (_, pairs) in enumerate(ctx.steps[1:], start=1):
             k_cur, v_cur = kv_in_flight.wait()
             if t < len(ctx.steps) - 1:   # the next block travels while this one is used
-                kv_in_flight = _ring_pass([k_cur, v_cur], ctx.axis)
+                kv_in_flight = comm.ring_exchange(ctx.axis, k_cur, v_cur)
             dk_new, dv_new = torch.zeros_like(k), torch.zeros_like(v)
             queries.backprop(k_cur, v_cur, pairs, dk_new, dv_new)
             if acc_in_flight is not None:   # what earlier holders added, arrived meanwhile
                 dk_prev, dv_prev = acc_in_flight.wait()
                 dk_new, dv_new = dk_new + dk_prev, dv_new + dv_prev
             # this block's sum so far travels on while the next block is computed
-            acc_in_flight = _ring_pass([dk_new, dv_new], ctx.axis)
+            acc_in_flight = comm.ring_exchange(ctx.axis, dk_new, dv_new)
         # the last accumulators sent hold the next rank's block, complete: one hop home;
         # the one that arrived is mine
         dk_home, dv_home = acc_in_flight.wait()

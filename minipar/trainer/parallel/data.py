@@ -72,9 +72,11 @@ def make_buckets(params: list[nn.Parameter], bucket_mb: float) -> list[list[nn.P
     return buckets if params else []            # no parameters, no bucket
 
 
-class Shard(NamedTuple):
+class Piece(NamedTuple):
     """What one rank holds of a parameter: elements `start:stop` of it flattened (its
-    TP-local `shape`), in `data`; `key` is the tensor the optimizer's state is keyed by."""
+    TP-local `shape`), in `data`; `key` is the tensor the optimizer's state is keyed by.
+    (Where the TP-local tensor lies in the full one is the parameter's placement record:
+    `placement.py`.)"""
 
     shape: torch.Size
     start: int
@@ -172,9 +174,9 @@ class DataParallel:
         """(tensor the optimizer updates, its parameter): here the parameter itself."""
         return [(p, p) for p in self.params]
 
-    def shard_of(self, p: nn.Parameter) -> Shard:
+    def shard_of(self, p: nn.Parameter) -> Piece:
         """What this rank holds of `p`: all of it."""
-        return Shard(p.shape, 0, p.numel(), p.data.view(-1), p)
+        return Piece(p.shape, 0, p.numel(), p.data.view(-1), p)
 
     def after_optimizer_step(self):
         """Every rank applied the same update to the same weights: nothing to do."""

@@ -37,8 +37,8 @@ the input gradient in B and leaves the weight gradients to W.
 Tied embeddings (`tie_embeddings`, input embedding = output head) live on the first and the
 last stage: each computes its own gradient, and `tied_gradient_sync` (a step `parallelize`
 adds after the data-parallel reduction, before clipping) sums the two over a group of those
-two ranks; the head's copy is `mark_replica`-ed along "pp" so the gradient norm counts the
-shared matrix once.
+two ranks; the head's copy is placed `Replicate()` on "pp" (`placement.py`) so the gradient
+norm counts the shared matrix once.
 """
 
 import functools
@@ -47,13 +47,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from ...plan.schedules import (Action, Message, inputs_of, make_schedule, outputs_of, p2p_plan,
+                               split_layers, stage_of)
 from .. import comm, events
 from ..comm import Axis
 from ..model import Transformer
-from ...plan.schedules import (Action, Message, inputs_of, make_schedule, outputs_of, p2p_plan,
-                               split_layers, stage_of)
-from .tensor import mark_replica
 from .zero_bubble import SplitBackward
+from ..placement import Replicate, place
 
 
 # ===================================================================== the stages
@@ -94,14 +94,14 @@ def tied_gradient_sync(chunks):
 
     After the data-parallel reduction the sum over the tie group commutes with it, and with
     ZeRO both copies are sharded identically (same shape, same dp rank), so summing this
-    rank's pieces is summing the whole. The head's copy is marked a replica along "pp" so the
+    rank's pieces is summing the whole. The head's copy is placed Replicate() on "pp" so the
     global gradient norm counts the matrix once."""
     owners = [m for m in chunks if getattr(m, "tie_axis", None) is not None]   # end ranks only
     if not owners:
         return None
     tied = {id(x.weight) for m in owners for x in (m.embed_tokens, m.lm_head) if x is not None}
     for head in (m.lm_head for m in owners if m.lm_head is not None):
-        mark_replica(head.weight, "pp")
+        place(head.weight, "pp", Replicate())
 
     def sync(grads):
         for g, p in grads:
@@ -236,12 +236,13 @@ def pipeline_forward_backward(chunks, micro, loss_fn, n_tokens, dp, pcfg, grid):
     every stage the positions). A trace of the step (`--profile`) records each action as a
     compute span: kind, micro-batch, chunk, stage, and `in_flight` after it.
     """
-    program = plan_of(pcfg.schedule, pcfg.pp, len(micro), pcfg.virtual_stages)[grid.pp.rank]
+    program = plan_of(pcfg.schedule, pcfg.pp, len(micro), pcfg.virtual_stages,
+                      pcfg.consecutive_microbatches)[grid.pp.rank]
     backward = SplitBackward() if pcfg.schedule == "zb" else Backward()
     return _Pipeline(chunks, micro, loss_fn, n_tokens, dp, pcfg, grid, backward).run(program)
 
 
 @functools.lru_cache(maxsize=64)
-def plan_of(name: str, p: int, m: int, v: int):
+def plan_of(name: str, p: int, m: int, v: int, consecutive: int | None = None):
     """Every rank's program of sends, receives and computations for schedule `name`."""
-    return p2p_plan(make_schedule(name, p, m, v))
+    return p2p_plan(make_schedule(name, p, m, v, consecutive))

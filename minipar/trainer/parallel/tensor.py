@@ -30,11 +30,12 @@ gathering them: `vocab_parallel_cross_entropy_sum`.
 
 `apply_tensor_parallel` turns the reference model into this, in place, by the table
 `TP_PLAN`: module name pattern -> style, and a table from each style to the layer that
-does it (`STYLES`). Its weights are the reference's, sliced. With `overlap`
-(`--tp-overlap`, SP only) a second table (`OVERLAP_STYLES`) splits the same weights but
-picks the layers of `collective_matmul` (section "Hiding TP communication"): the all-gather
-into a block and the reduce-scatter out of it are each cut into t ring steps that run
-behind the matmul they feed.
+does it (`STYLES`). Its weights are the reference's, sliced, each with its placement on
+"tp" recorded (`Shard(dim)`, or whole: `Replicate()`, `Partial()`; `placement.py`). With
+`overlap` (`--tp-overlap`, SP only) a second table (`OVERLAP_STYLES`) splits the same
+weights but picks the layers of `collective_matmul` (section "Hiding TP communication"):
+the all-gather into a block and the reduce-scatter out of it are each cut into t ring
+steps that run behind the matmul they feed.
 """
 
 import fnmatch
@@ -48,6 +49,7 @@ from ..model import cross_entropy_sum
 from . import regions
 from .collective_matmul import (SEQ_DIM, CollectiveColumnParallelLinear,
                                 CollectiveRowParallelLinear, enter_by_collective_matmul)
+from ..placement import Partial, Replicate, Shard, local_index, place, placements
 
 
 # ----------------------------------------------------------------- entering and leaving
@@ -69,44 +71,35 @@ def exit_tp(x, axis: comm.Axis, sp: bool):
             else regions.reduce_from_group(x, axis))
 
 
-def mark_replica(p, axis: str):
-    """Declare that parameter `p` is an identical copy on every rank of `axis` (a norm
-    weight under tensor parallelism, say). The gradient norm then counts it once, and the
-    checkpoint saves it once (`ProcessGrid.counts`)."""
-    p._replica_axes = tuple(getattr(p, "_replica_axes", ())) + (axis,)
-    return p
-
-
 def shard_param(full: torch.Tensor, axis: comm.Axis, dim: int) -> nn.Parameter:
-    """This rank's 1/t of `full` along `dim`, as a parameter of its own; `_tp_dim` records
-    the split so the shard can be compared with a slice of the reference gradient."""
-    piece = full.detach().chunk(axis.size, dim=dim)[axis.rank]
-    p = nn.Parameter(piece.clone(memory_format=torch.contiguous_format))
-    p._tp_dim = dim
-    return p
+    """This rank's 1/t of `full` along `dim`, as a parameter of its own, placed Shard(dim)
+    on `axis`: the checkpoint and the Hugging Face reader cut a full tensor the same way."""
+    how = Shard(dim)
+    piece = full.detach()[local_index(full.shape, {axis.name: how}, {axis.name: axis})]
+    return place(nn.Parameter(piece.clone(memory_format=torch.contiguous_format)), axis.name, how)
 
 
 def replica_over_tp(p: nn.Parameter, axis: comm.Axis, sp: bool) -> nn.Parameter:
-    """A weight every TP rank holds whole (a norm's, a row-parallel bias): counted once.
-    Under SP it meets only this rank's tokens, so its gradient is a partial sum: marked
-    (`_partial_over`), `sum_partial_grads` adds the other ranks' parts once per step."""
-    if sp:
-        p._partial_over = axis
-    return mark_replica(p, "tp")
+    """A weight every TP rank holds whole (a norm's, a row-parallel bias): Replicate(), so
+    the gradient norm and the checkpoint count it once (`ProcessGrid.counts`). Under SP it
+    meets only this rank's tokens and its gradient is a partial sum: Partial(), and
+    `sum_partial_grads` adds the other ranks' parts once per step."""
+    return place(p, axis.name, Partial() if sp else Replicate())
 
 
-def sum_partial_grads(grads) -> None:
-    """Complete, in place, the gradients marked by `replica_over_tp`, given as (gradient
-    this rank holds, parameter) pairs: one all-reduce over TP of all of them, once per step.
+def sum_partial_grads(grads, axis: comm.Axis) -> None:
+    """Complete, in place, the gradients placed Partial() on `axis` (`replica_over_tp`),
+    given as (gradient this rank holds, parameter) pairs: one all-reduce of all of them,
+    once per step.
 
     Called after the last micro-batch's backward and the data-parallel reduction: sums
     commute, so (sum over micro-batches and dp x cp of the TP-partial gradients) summed
     over TP is the full gradient, and it is one collective per step, not one per norm per
     micro-batch. Under ZeRO a rank holds a piece of each gradient: the piece is summed."""
-    partial = [(g, p._partial_over) for g, p in grads if hasattr(p, "_partial_over")]
+    partial = [g for g, p in grads if placements(p).get(axis.name) == Partial()]
     if partial:
-        flat = comm.all_reduce(torch.cat([g.reshape(-1) for g, _ in partial]), partial[0][1])
-        for (g, _), total in zip(partial, flat.split([g.numel() for g, _ in partial])):
+        flat = comm.all_reduce(torch.cat([g.reshape(-1) for g in partial]), axis)
+        for g, total in zip(partial, flat.split([g.numel() for g in partial])):
             g.copy_(total.view_as(g))
 
 

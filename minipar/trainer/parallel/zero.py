@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm, events
-from .data import DataParallel, Shard
+from .data import DataParallel, Piece
 
 
 # ---------------------------------------------------------------- sharding layout
@@ -123,12 +123,12 @@ class ZeRO1(DataParallel):
         held by one rank only."""
         return [(x, p) for b in self.buckets for p, x in zip(b.params, b.pieces)]
 
-    def shard_of(self, p: nn.Parameter) -> Shard:
+    def shard_of(self, p: nn.Parameter) -> Piece:
         """This rank's piece of `p`: a view of it (ZeRO-1/2), or its only copy (ZeRO-3)."""
         b = self.bucket_of[p]
         i = next(i for i, q in enumerate(b.params) if q is p)
         start, stop = b.layout.piece_range(i, self.rank)
-        return Shard(b.layout.shapes[i], start, stop, b.pieces[i], b.pieces[i])
+        return Piece(b.layout.shapes[i], start, stop, b.pieces[i], b.pieces[i])
 
     def after_optimizer_step(self):
         """Each rank updated its pieces in place; everyone needs the whole model again."""

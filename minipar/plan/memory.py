@@ -1,0 +1,139 @@
+"""The memory model: what one pipeline rank holds, and which rank is the fullest.
+
+Chapter "Memory: where every byte goes". Torch-free. The one count of bytes that the
+preflight (`runtime.preflight`: will this run fit on this machine?), the cost model
+(`memory_breakdown_gb`, the planner's "fits") and the book all read. Its parts:
+
+* bytes per parameter by precision (`Precision`) and ZeRO stage
+  (`formulas.data_parallel.zero_bytes_per_param`), times the parameters the rank holds;
+* activations per token and layer (`formulas.memory`), times the layers of each of the
+  rank's chunks and the micro-batches in flight on it (`formulas.pipeline_parallel`).
+
+Two accountings of activations, because they describe two programs (`Precision.kernels`):
+* "eager" is minipar itself: the PyTorch code of `minipar.trainer.model`, tensor by tensor
+  (`formulas.layer_saved_elements` and friends). `tests/test_memory.py` checks it against
+  what `minipar.trainer.memory_meter.ActivationMeter` measures, within 5%.
+* "fused" is Llama 3 on H100s: flash attention, fused norm and SwiGLU, Korthikanti et al.'s
+  accounting (`formulas.activation_elements`), plus the whole sequence's K/V that
+  all-gather context parallelism keeps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelConfig, ParallelConfig
+from .flops import local_param_count
+from .formulas.data_parallel import zero_bytes_per_param
+from .formulas.memory import (activation_elements, embedding_saved_bytes, head_saved_bytes,
+                              layer_saved_elements, rope_saved_elements,
+                              weight_pass_kept_elements)
+from .formulas.pipeline_parallel import in_flight_chunks
+from .schedules import rank_layers, stage_layer_counts
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of what a GPU stores and sends, and whose kernels keep the
+    activations ("fused": Llama 3's; "eager": minipar's own model)."""
+
+    param_bytes: int = 2        # the weights the matmuls read (and ZeRO all-gathers)
+    grad_bytes: int = 4         # gradients as accumulated
+    act_bytes: int = 2          # activations, and what TP, CP and PP send
+    optimizer_bytes: int = 12   # per parameter: Adam's m and v (+ fp32 master weights)
+    reduce_bytes: int = 4       # gradients as data parallelism reduces them
+    kernels: str = "fused"
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """Weights, gradients and optimizer state: what each parameter costs before sharding."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+# Llama 3: bf16 weights and activations; "FP32 gradient accumulation during backward
+# computation over multiple micro-batches and also reduce-scatter gradients in FP32"
+# (section 3.3.2); fp32 master weights and Adam moments.
+BF16_MIXED = Precision(param_bytes=2, grad_bytes=4, act_bytes=2, optimizer_bytes=12, reduce_bytes=4)
+# minipar: float32 weights, gradients and AdamW's two moments, no separate master copy (on a
+# GPU too: autocast runs the matmuls in bf16 from the fp32 weights).
+FP32 = Precision(param_bytes=4, grad_bytes=4, act_bytes=4, optimizer_bytes=8, reduce_bytes=4,
+                 kernels="eager")
+PRECISIONS = {"bf16": BF16_MIXED, "fp32": FP32}
+
+
+def layer_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
+                recompute: str) -> float:
+    """Bytes per token one transformer layer keeps for the backward on one GPU."""
+    if precision.kernels == "eager":
+        return layer_saved_elements(model, pc.tp, pc.sp, pc.cp, pc.cp_impl, recompute) * precision.act_bytes
+    elements = activation_elements(model, pc.tp, pc.sp, recompute)
+    if pc.cp > 1 and pc.cp_impl == "allgather" and recompute == "none":
+        elements += 2 * model.n_kv_heads * model.head_dim * (pc.cp - 1) / pc.tp
+    return elements * precision.act_bytes
+
+
+def activation_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
+                     seq_len: int, microbatch_size: int, stage: int) -> float:
+    """Peak bytes of activations on pipeline rank `stage`, running `pc.microbatches`
+    micro-batches of `microbatch_size` sequences with `pc.recompute`: each chunk's in-flight
+    micro-batches times what its layers keep (+ RoPE's tables, the embedding's ids and the
+    head's softmax where they live), plus, under full recompute, one layer recomputed."""
+    v, tokens, recompute = pc.virtual_stages, microbatch_size * seq_len // pc.cp, pc.recompute
+    flight = in_flight_chunks(pc.schedule, pc.pp, pc.microbatches, stage, v,
+                              pc.consecutive_microbatches)
+    layers = stage_layer_counts(model.n_layers, pc.pp * v)
+    per_layer = layer_bytes(model, pc, precision, recompute) * tokens
+    acts = sum(n * layers[c * pc.pp + stage] * per_layer for c, n in enumerate(flight))
+    head, act = 0.0, precision.act_bytes
+    if precision.kernels == "eager":       # the small parts the eager code keeps besides the layers
+        acts += sum(flight) * rope_saved_elements(model, seq_len // pc.cp) * act
+        if stage == 0:
+            acts += flight[0] * embedding_saved_bytes(tokens, pc.tp)
+        if stage == pc.pp - 1:
+            head = head_saved_bytes(model, tokens, pc.tp, pc.sp, act)
+            acts += flight[-1] * head
+    if recompute == "full":
+        # a backward frees the head's tensors before it recomputes the first block (except
+        # zero-bubble's W: B kept the whole graph)
+        freed = 0.0 if pc.pp > 1 and pc.schedule == "zb" else head
+        acts += max(0.0, recompute_transient(model, pc, precision, tokens) - freed)
+    return acts
+
+
+def recompute_transient(model: ModelConfig, pc: ParallelConfig, precision: Precision,
+                        tokens: int) -> float:
+    """Full recompute: while a block's backward runs, everything it saves is back (its
+    input is already there): one layer's worth.
+
+    Zero-bubble's W is different: it reruns each block of the chunk and frees only what the
+    weight gradients read (the two norms' outputs and the inputs of the linears); the rest of
+    every block it recomputed stays until the chunk's W is done. So: one block whole, and
+    what W leaves of the chunk's other blocks (`formulas.weight_pass_kept_elements`)."""
+    once = (layer_bytes(model, pc, precision, "none") - layer_bytes(model, pc, precision, "full")) * tokens
+    if pc.pp == 1 or pc.schedule != "zb" or precision.kernels != "eager":
+        return once
+    chunk_layers = max(stage_layer_counts(model.n_layers, pc.pp * pc.virtual_stages))
+    left = weight_pass_kept_elements(model, pc.tp, pc.sp, pc.cp, pc.cp_impl) * precision.act_bytes * tokens
+    return once + (chunk_layers - 1) * left
+
+
+def memory_of_rank(model: ModelConfig, pc: ParallelConfig, precision: Precision,
+                   seq_len: int, microbatch_size: int, stage: int) -> dict[str, float]:
+    """Bytes pipeline rank `stage` holds: {"params", "grads", "optimizer", "activations",
+    "total"}; ZeRO shards the first three over the dp x cp group by its stage."""
+    layers = rank_layers(model, pc.pp, pc.virtual_stages, stage)
+    params = local_param_count(model, pc.tp, layers, stage == 0, stage == pc.pp - 1)
+    per_param = zero_bytes_per_param(pc.zero, pc.dp * pc.cp, precision.param_bytes,
+                                     precision.grad_bytes, precision.optimizer_bytes)
+    out = {part: params * nbytes for part, nbytes in per_param.items()}
+    out["activations"] = activation_bytes(model, pc, precision, seq_len, microbatch_size, stage)
+    out["total"] = sum(out.values())
+    return out
+
+
+def fullest_stage(model: ModelConfig, pc: ParallelConfig, precision: Precision,
+                  seq_len: int, microbatch_size: int) -> int:
+    """The pipeline rank whose total is largest (the first, on a tie): every rank holds its
+    own layers, chunks and micro-batches in flight."""
+    totals = [memory_of_rank(model, pc, precision, seq_len, microbatch_size, r)["total"]
+              for r in range(pc.pp)]
+    return totals.index(max(totals))
