@@ -72,13 +72,17 @@ def check_writable_file(flag: str, path: str) -> None:
     """`path` can be written by rank 0 later: an existing writable file, or a new name in
     an existing, writable directory. Asked of `open` itself, with a byte where no file's
     bytes are changed by it: `os.access` says yes to root for every path, even in /proc or
-    on a file system mounted read-only, and nothing but a write finds a full disk."""
+    on a file system mounted read-only, and nothing but a write finds a full disk. Under
+    torchrun every rank checks its run, but only rank 0 probes: two probes of one new name
+    race (one removes the other's), and a late one would remove rank 0's real file."""
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path} is a directory, not a file")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
         raise ConfigError(f"{flag} {path}: {parent} {what}")
+    if os.environ.get("RANK", "0") != "0":
+        return      # torchrun's other ranks: rank 0 writes the file, and alone probes it
     existed = os.path.exists(path)
     try:    # a new file or a device takes a byte now: a full disk, /dev/full, say so here
         with open(path, "ab", buffering=0) as f:     # a file keeps its bytes and its mtime
