@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .constants import (FUSED_ELEMENTWISE, NCCL_LATENCY_US, NIC_BUSBW_FRACTION,
-                        NVLINK_BUSBW_FRACTION, attention_tflops, cp_attention_tflops,
-                        fabric_busbw_GBps, fabric_curves, gemm_curve, measurements,
-                        stream_fraction)
+from .constants import (FUSED_ELEMENTWISE, MEASURED_PEAK_TFLOPS, NCCL_LATENCY_US,
+                        NIC_BUSBW_FRACTION, NVLINK_BUSBW_FRACTION, attention_tflops,
+                        cp_attention_tflops, fabric_busbw_GBps, fabric_curves, gemm_curve,
+                        measurements, stream_fraction)
 from .kernels import elementwise_factor
-from ..datasheets import H100, SHEETS
+from ..datasheets import H100
 
 EFA = ("nccl-tests on AWS p5.48xlarge (EFA, 400 Gb/s per GPU), whole servers, out-of-place busbw: "
        "github.com/crazyguitar/aws-gpu-communication-benchmark data/ (CC BY 4.0), in data/nccl_tests_efa_p5.csv")
@@ -44,7 +44,7 @@ def _constants() -> list[Constant]:
         Constant("h100.hbm", H100.hbm_TBps, "TB/s", "NVIDIA H100 SXM5 data sheet (80 GB HBM3)"),
         Constant("h100.nvlink", H100.nvlink_GBps, "GB/s per direction", "NVIDIA H100 SXM5 data sheet (NVLink 4, 900 GB/s both ways)"),
         Constant("h100.nic", H100.nic_Gbps, "Gb/s per GPU", "ConnectX-7 NDR / RoCE, one per GPU (Llama 3 paper section 3.3.1)"),
-        Constant("gemm.max_fraction", round(2 * square["m"] ** 3 / square["s"] / SHEETS["H200"].peak_flops(), 3), "of peak",
+        Constant("gemm.max_fraction", round(2 * square["m"] ** 3 / square["s"] / (MEASURED_PEAK_TFLOPS * 1e12), 3), "of peak",
                  f"{MEASURE}: the best square bf16 GEMM ({square['m']}^3); stas00/ml-engineering's MAMF finder "
                  "reports 794.5 TFLOP/s (0.803) on an H100 SXM"),
         Constant("gemm.table", len(kernels["gemms"]), "shapes", f"{MEASURE}: every GEMM of the published runs' layers"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from .calibration import PublishedRun, held_out_runs, playbook_runs, published_runs
 from .time import step_estimate

@@ -6,7 +6,8 @@ pruned: TP, CP, PP powers of two (TP within one server, CP only while each rank 
 micro-batches of 1, 2 or 4 sequences; gradients reduced one layer at a time
 (`frameworks.fsdp_unit_mb`, as FSDP does). Two knobs are not searched but *chosen*,
 because they only ever cost time: the least activation recomputation (none, selective,
-full) and the lowest ZeRO stage (1, then 3) that make the layout fit in memory. "Fits" keeps `MEMORY_HEADROOM` of HBM free: the memory model counts tensors, not
+full) and the lowest ZeRO stage (1, then 3) that make the layout fit in memory. "Fits"
+keeps `MEMORY_HEADROOM` of HBM free: the memory model counts tensors, not
 the CUDA context, NCCL's buffers or the allocator's fragmentation, and a run near the limit
 is slow where it does not fail. For each of the best layouts `limiting_term` names the
 largest loss and what the step would be without it; when nothing fits,

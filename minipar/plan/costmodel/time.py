@@ -188,7 +188,7 @@ class Microbatch:
 def microbatch_seconds(s: Scenario) -> Microbatch:
     """One micro-batch of a balanced pipeline (`Microbatch`): the first and last stage's
     extras, embedding, head and loss, spread over the pp ranks."""
-    model, pc, h, act, tokens = s.model, s.parallel, s.model.dim, s.precision.act_bytes, s.tokens
+    pc, h, act, tokens = s.parallel, s.model.dim, s.precision.act_bytes, s.tokens
     c = compute_seconds(s)
     t_tp = c.layers * tp_exposed_seconds(s, c.linears)
     ends = (tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
