@@ -19,7 +19,7 @@ from minipar.plan import flops
 from minipar.plan.formulas.collective_time import all_reduce_time
 from minipar.plan.formulas.collectives import wire_bytes
 from minipar.plan.formulas.context_parallel import cp_hops, cp_wire_bytes_per_step
-from minipar.plan.formulas.data_parallel import zero_bytes_per_param
+from minipar.plan.formulas.memory import zero_bytes_per_param
 from minipar.plan.flops import layer_param_count, param_count
 from minipar.plan.flops import local_param_count
 from minipar.plan.formulas.pipeline_parallel import bubble_fraction

@@ -11,7 +11,7 @@ import pytest
 
 from minipar.trainer import profile
 from minipar.plan.config import ModelConfig, ParallelConfig
-from minipar.plan.formulas.pipeline_parallel import in_flight_chunks
+from minipar.plan.formulas.memory import in_flight_chunks
 from minipar.plan.schedules import split_layers
 from minipar.plan.schedule_analysis import peak_in_flight, timeline_from_events
 from minipar.plan.schedules import (Action, ScheduleError, Timeline, make_schedule,

@@ -81,7 +81,8 @@ def unknown(flag: str, value, choices) -> Problem:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU. The cost model
+    also prices the two-matrix MLPs of GPT-3 and Nemotron (`mlp`); the trainer builds SwiGLU."""
 
     n_layers: int = 8
     dim: int = 64
@@ -99,6 +100,9 @@ class ModelConfig:
     rope_original_max_len: int = 8192
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    # "swiglu": down(silu(gate x) * up x), three matrices; "gelu" (GPT-3, BLOOM, OPT) and
+    # "relu2" (squared ReLU, Nemotron-4): down(act(up x)), two
+    mlp: str = "swiglu"
     name: str = "custom"
 
     @property
@@ -112,12 +116,18 @@ class ModelConfig:
                   self.rope_original_max_len)
         return None if self.rope_factor == 1.0 else scaled
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP: a gated one has two going in, the others one."""
+        return 3 if self.mlp == "swiglu" else 2
+
     def problems(self) -> list[Problem]:
         """Rules of the architecture itself, independent of any layout."""
         sizes = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
         out = broken((getattr(self, k) <= 0, k, "positive", f"{k}={getattr(self, k)} must be "
                       "positive") for k in sizes)
         return out or broken([
+            (self.mlp not in MLPS, "mlp", "choices", f"mlp={self.mlp!r} must be one of {', '.join(MLPS)}"),
             (self.dim % self.n_heads, "dim", "heads",
              f"dim={self.dim} must be divisible by n_heads={self.n_heads}"),
             (not self.dim % self.n_heads and self.head_dim % 2, "dim", "rope",
@@ -150,6 +160,8 @@ PRESETS: dict[str, ModelConfig] = {name: replace(model, name=name) for name, mod
     "llama3-405b": replace(LLAMA3_SHARED, n_layers=126, dim=16384, n_heads=128, ffn_dim=53248),
 }.items()}                                  # each preset named by its key
 
+
+MLPS = ("swiglu", "gelu", "relu2")
 
 # The layout's vocabularies, each written once: the rules below, the flags' help, the cost
 # model and the axis files all read these.

@@ -28,6 +28,7 @@ class DataSheet:
     nvlink_GBps: float | None = None     # per GPU, per direction
     nic_Gbps: float | None = None        # one NIC per GPU
     gpus_per_server: int | None = None
+    sms: int | None = None               # streaming multiprocessors
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """FLOP/s of one GPU computing in `dtype` ("bf16", "tf32" or "fp32")."""
@@ -40,10 +41,10 @@ class DataSheet:
 # as half of the 1,979 with sparsity); the H200 is the same die and clocks with more memory.
 SHEETS: dict[str, DataSheet] = {s.name: s for s in (
     DataSheet("H100 PCIe", 756.0, 378.0, 51.0, "NVIDIA H100 PCIe data sheet"),
-    DataSheet("H100", 989.4, 494.7, 66.9, "NVIDIA H100 whitepaper, SXM5; NVLink 4; ConnectX-7 400 Gb/s", 85.9, 3.35, 450.0, 400.0, 8),
-    DataSheet("H200", 989.4, 494.7, 66.9, "NVIDIA H200 data sheet: the H100's die, 141 GB of HBM3e", 141.0, 4.8, 450.0, 400.0, 8),
-    DataSheet("A100", 312.0, 156.0, 19.5, "NVIDIA A100 data sheet, SXM4 80GB; NVLink 3; HDR 200 Gb/s", 85.9, 2.039, 300.0, 200.0, 8),
-    DataSheet("B200", 2250.0, 1100.0, 80.0, "NVIDIA HGX B200 data sheet, per GPU; NVLink 5", 180.0, 8.0, 900.0, 400.0, 8),
+    DataSheet("H100", 989.4, 494.7, 66.9, "NVIDIA H100 whitepaper, SXM5; NVLink 4; ConnectX-7 400 Gb/s", 85.9, 3.35, 450.0, 400.0, 8, 132),
+    DataSheet("H200", 989.4, 494.7, 66.9, "NVIDIA H200 data sheet: the H100's die, 141 GB of HBM3e", 141.0, 4.8, 450.0, 400.0, 8, 132),
+    DataSheet("A100", 312.0, 156.0, 19.5, "NVIDIA A100 data sheet, SXM4 80GB; NVLink 3; HDR 200 Gb/s", 85.9, 2.039, 300.0, 200.0, 8, 108),
+    DataSheet("B200", 2250.0, 1100.0, 80.0, "NVIDIA HGX B200 data sheet, per GPU; NVLink 5", 180.0, 8.0, 900.0, 400.0, 8, 148),
     DataSheet("L40S", 362.0, 183.0, 91.6, "NVIDIA L40S data sheet"),
     DataSheet("L4", 121.0, 60.0, 30.3, "NVIDIA L4 data sheet"),
     DataSheet("V100", 125.0, 15.7, 15.7, "NVIDIA V100 data sheet, SXM2: fp16 tensor cores (it has no bf16)"),

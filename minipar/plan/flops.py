@@ -30,10 +30,10 @@ from .config import ModelConfig
 
 # ------------------------------------------------------------------ parameters
 def layer_param_count(model: ModelConfig) -> int:
-    """Weights of one transformer block: attention, SwiGLU MLP and the two RMSNorm gains."""
+    """Weights of one transformer block: attention, the MLP and the two RMSNorm gains."""
     h, hd = model.dim, model.head_dim
     attention = h * model.n_heads * hd * 2 + h * model.n_kv_heads * hd * 2   # q, o; k, v
-    mlp = 3 * h * model.ffn_dim                                              # gate, up, down
+    mlp = model.mlp_matrices * h * model.ffn_dim                             # (gate,) up, down
     return attention + mlp + 2 * h
 
 

@@ -5,9 +5,9 @@ preflight (`runtime.preflight`: will this run fit on this machine?), the cost mo
 (`memory_breakdown_gb`, the planner's "fits") and the book all read. Its parts:
 
 * bytes per parameter by precision (`Precision`) and ZeRO stage
-  (`formulas.data_parallel.zero_bytes_per_param`), times the parameters the rank holds;
+  (`formulas.memory.zero_bytes_per_param`), times the parameters the rank holds;
 * activations per token and layer (`formulas.memory`), times the layers of each of the
-  rank's chunks and the micro-batches in flight on it (`formulas.pipeline_parallel`).
+  rank's chunks and the micro-batches in flight on it (`formulas.memory.in_flight_chunks`).
 
 Two accountings of activations, because they describe two programs (`Precision.kernels`):
 * "eager" is minipar itself: the PyTorch code of `minipar.trainer.model`, tensor by tensor
@@ -15,7 +15,8 @@ Two accountings of activations, because they describe two programs (`Precision.k
   what `minipar.trainer.memory_meter.ActivationMeter` measures, within 5%.
 * "fused" is Llama 3 on H100s: flash attention, fused norm and SwiGLU, Korthikanti et al.'s
   accounting (`formulas.activation_elements`), plus the whole sequence's K/V that
-  all-gather context parallelism keeps.
+  all-gather context parallelism keeps, and on the last stage the logits with the loss's
+  fp32 softmax (`formulas.logits_saved_bytes`).
 """
 from __future__ import annotations
 
@@ -23,11 +24,10 @@ from dataclasses import dataclass
 
 from .config import ModelConfig, ParallelConfig
 from .flops import local_param_count
-from .formulas.data_parallel import zero_bytes_per_param
 from .formulas.memory import (activation_elements, embedding_saved_bytes, head_saved_bytes,
-                              layer_saved_elements, rope_saved_elements,
-                              weight_pass_kept_elements)
-from .formulas.pipeline_parallel import in_flight_chunks
+                              in_flight_chunks, layer_saved_elements, logits_saved_bytes,
+                              rope_saved_elements, weight_pass_kept_elements,
+                              zero_bytes_per_param)
 from .schedules import rank_layers, stage_layer_counts
 
 
@@ -72,17 +72,26 @@ def layer_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
 
 
 def activation_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
-                     seq_len: int, microbatch_size: int, stage: int) -> float:
+                     seq_len: int, microbatch_size: int, stage: int,
+                     recompute_layers: int | None = None) -> float:
     """Peak bytes of activations on pipeline rank `stage`, running `pc.microbatches`
     micro-batches of `microbatch_size` sequences with `pc.recompute`: each chunk's in-flight
     micro-batches times what its layers keep (+ RoPE's tables, the embedding's ids and the
-    head's softmax where they live), plus, under full recompute, one layer recomputed."""
+    head's softmax where they live), plus, under full recompute, one layer recomputed.
+    `recompute_layers` N (the cost model's --recompute-layers, with full recompute): only the
+    first N layers of each chunk keep just their input (Megatron's --recompute-method
+    block), the others all they save."""
     v, tokens, recompute = pc.virtual_stages, microbatch_size * seq_len // pc.cp, pc.recompute
     flight = in_flight_chunks(pc.schedule, pc.pp, pc.microbatches, stage, v,
                               pc.consecutive_microbatches)
     layers = stage_layer_counts(model.n_layers, pc.pp * v)
     per_layer = layer_bytes(model, pc, precision, recompute) * tokens
     acts = sum(n * layers[c * pc.pp + stage] * per_layer for c, n in enumerate(flight))
+    if recompute == "full" and recompute_layers is not None:
+        kept = layer_bytes(model, pc, precision, "none") * tokens     # a layer not recomputed
+        redone = [min(recompute_layers, layers[c * pc.pp + stage]) for c in range(v)]
+        acts = sum(n * (r * per_layer + (layers[c * pc.pp + stage] - r) * kept)
+                   for c, (n, r) in enumerate(zip(flight, redone)))
     head, act = 0.0, precision.act_bytes
     if precision.kernels == "eager":       # the small parts the eager code keeps besides the layers
         acts += sum(flight) * rope_saved_elements(model, seq_len // pc.cp) * act
@@ -91,6 +100,9 @@ def activation_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precisio
         if stage == pc.pp - 1:
             head = head_saved_bytes(model, tokens, pc.tp, pc.sp, act)
             acts += flight[-1] * head
+    elif stage == pc.pp - 1:               # the logits and the loss's softmax (fused kernels)
+        head = logits_saved_bytes(model, tokens, pc.tp, act)
+        acts += flight[-1] * head
     if recompute == "full":
         # a backward frees the head's tensors before it recomputes the first block (except
         # zero-bubble's W: B kept the whole graph)
@@ -117,7 +129,8 @@ def recompute_transient(model: ModelConfig, pc: ParallelConfig, precision: Preci
 
 
 def memory_of_rank(model: ModelConfig, pc: ParallelConfig, precision: Precision,
-                   seq_len: int, microbatch_size: int, stage: int) -> dict[str, float]:
+                   seq_len: int, microbatch_size: int, stage: int,
+                   recompute_layers: int | None = None) -> dict[str, float]:
     """Bytes pipeline rank `stage` holds: {"params", "grads", "optimizer", "activations",
     "total"}; ZeRO shards the first three over the dp x cp group by its stage."""
     layers = rank_layers(model, pc.pp, pc.virtual_stages, stage)
@@ -125,15 +138,16 @@ def memory_of_rank(model: ModelConfig, pc: ParallelConfig, precision: Precision,
     per_param = zero_bytes_per_param(pc.zero, pc.dp * pc.cp, precision.param_bytes,
                                      precision.grad_bytes, precision.optimizer_bytes)
     out = {part: params * nbytes for part, nbytes in per_param.items()}
-    out["activations"] = activation_bytes(model, pc, precision, seq_len, microbatch_size, stage)
+    out["activations"] = activation_bytes(model, pc, precision, seq_len, microbatch_size, stage,
+                                          recompute_layers)
     out["total"] = sum(out.values())
     return out
 
 
 def fullest_stage(model: ModelConfig, pc: ParallelConfig, precision: Precision,
-                  seq_len: int, microbatch_size: int) -> int:
+                  seq_len: int, microbatch_size: int, recompute_layers: int | None = None) -> int:
     """The pipeline rank whose total is largest (the first, on a tie): every rank holds its
     own layers, chunks and micro-batches in flight."""
-    totals = [memory_of_rank(model, pc, precision, seq_len, microbatch_size, r)["total"]
-              for r in range(pc.pp)]
+    totals = [memory_of_rank(model, pc, precision, seq_len, microbatch_size, r,
+                             recompute_layers)["total"] for r in range(pc.pp)]
     return totals.index(max(totals))

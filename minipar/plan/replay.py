@@ -36,22 +36,27 @@ noted even over a group of one, `comm.alone`). The replay says when it widened.
 """
 import argparse
 import json
+import math
+import os
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import flops, traces
 from .blocking import run_until_blocked, stuck
 from .config import ConfigError, ModelConfig, ParallelConfig
 from .costmodel import frameworks, gpu_cluster
+from .costmodel.gpus import GPU_NAMES
 from .costmodel.constants import LLAMA3_EFFICIENCY
 from .costmodel.memory import param_total_local
 from .costmodel.scenario import Scenario
 from .costmodel.time import estimate, pass_seconds
 from .costmodel.workload import make_workload
 from .formulas.collectives import wire_bytes
+from .flags import Parser
 from .memory import BF16_MIXED
+from .pipes import quiet_on_closed_pipe
 from .schedules import rank_layers, stage_layer_counts
 
 AXES = ("tp", "cp", "pp", "dp")
@@ -76,7 +81,16 @@ def programs(trace: dict, step: int | None = None) -> tuple[dict[int, list[Op]],
     "chunk", "stage", "microbatch", "name", "cpu_s"}}."""
     ranks = traces.by_rank(trace)
     windows = {pid: traces.step_windows(t, pid) for pid, t in ranks.items()}
-    step = min(max(w) for w in windows.values()) if step is None else step
+    steps = sorted(set.intersection(*(set(w) for w in windows.values()))) if windows else []
+    if not steps:
+        raise ConfigError("the trace has no step every rank recorded: record it again with --profile")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        said = (f"{steps[0]} to {steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1))
+                else ", ".join(map(str, steps)))
+        raise ConfigError(f"--step {step}: the trace records step{'s' if len(steps) > 1 else ''} "
+                          f"{said} (every rank)")
     out, units = {}, {}
     for pid, t in ranks.items():
         a, b = windows[pid][step]
@@ -520,47 +534,256 @@ def analytic(target: Target, trace: dict | None = None):
 
 
 # ================================================================ the command line
+def _count(text: str) -> int:
+    """A flag's count (--tp, --dp, --seq-len): a positive integer."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return n
+
+
+def _step(text: str) -> int:
+    """--step: an integer (whether the trace recorded it is checked against the trace)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer, a recorded step") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minipar.replay", description=(
+    p = Parser(prog="python -m minipar.replay", description=(
         "Replay a --profile trace on a GPU cluster: every rank's program re-timed with the cost "
         "model's physics, as a discrete-event simulation."))
     p.add_argument("profile_dir", metavar="PROFILE_DIR", help="a --profile directory or trace file")
-    p.add_argument("--gpu", default="h100", help="the target GPU (default: h100)")
+    p.add_argument("--gpu", default="h100", choices=GPU_NAMES, help="the target GPU (default: h100)")
     p.add_argument("--framework", default=None, choices=sorted(frameworks.FRAMEWORKS),
                    help="the software stack's kernels and reduce dtype (default: Llama 3's kernels)")
     p.add_argument("--model", default=None, help="a model preset to replay at (default: the run's own)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the run's)")
-    p.add_argument("--tp", type=int, default=None, help="widen TP to this degree (not with --tp-overlap)")
-    p.add_argument("--dp", type=int, default=None, help="widen DP to this degree")
-    p.add_argument("--step", type=int, default=None, help="the recorded step (default: the last)")
+    p.add_argument("--seq-len", type=_count, default=None, help="tokens per sequence (default: the run's)")
+    p.add_argument("--tp", type=_count, default=None, help="widen TP to this degree (not with --tp-overlap)")
+    p.add_argument("--dp", type=_count, default=None, help="widen DP to this degree")
+    p.add_argument("--step", type=_step, default=None, help="the recorded step (default: the last)")
     p.add_argument("--out", default=None, help="write the replayed trace to OUT/trace.json")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
 
+# What a damaged or edited trace breaks deep in the replay, once `check_trace` let it through:
+# named as the trace's fault (its file), never a traceback.
+DAMAGED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError,
+           RuntimeError)
+
+
+@quiet_on_closed_pipe
 def main(argv=None) -> int:
+    """The command: exit 0; 2 with one line naming the flag, the file or its field."""
     args = build_parser().parse_args(argv)
     try:
         path = traces.trace_path(args.profile_dir)
         if not path.exists():
             raise ConfigError(f"PROFILE_DIR {args.profile_dir}: no trace ({path}); record one with --profile")
-        r = replay(traces.load(path), args.gpu, args.framework, args.model, args.seq_len,
-                   {"tp": args.tp, "dp": args.dp}, args.step)
+        if args.out:
+            writable(args.out)
+        trace = traces.load(path)
+        check_trace(trace, path)
+        try:
+            r = replay(trace, args.gpu, args.framework, args.model, args.seq_len,
+                       {"tp": args.tp, "dp": args.dp}, args.step)
+        except ConfigError:
+            raise
+        except OverflowError:                 # the flags' arithmetic, not the trace's
+            raise ConfigError(BEYOND) from None
+        except DAMAGED as e:
+            raise traces.TraceError(f"{path}: a damaged or edited trace: the replay fails on "
+                                    f"it ({type(e).__name__}: {e})") from None
+        finite(r.as_dict())
+        if args.out:
+            write_trace(r.trace, Path(args.out))
     except ConfigError as e:
         print(f"python -m minipar.replay: error: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        out = Path(args.out) / "trace.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(r.trace))
-        tmp.replace(out)                       # never half-written
     if args.json:
-        print(json.dumps(r.as_dict(), indent=2))
+        print(json.dumps(r.as_dict(), indent=2, allow_nan=False))
     else:
         print(format_replay(r) + (f"\ntrace: {args.out}/trace.json (open it in ui.perfetto.dev)"
                                   if args.out else ""))
     return 0
+
+
+BEYOND = "the target (--model, --seq-len, --tp, --dp, --gpu) is beyond what floating point carries"
+
+
+def finite(d: dict) -> None:
+    """The replay's every number must be finite (JSON has no NaN or Infinity): a step beyond
+    floating point is refused naming the flags that size it."""
+    def walk(x, where):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{where}.{k}" if where else k)
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise ConfigError(f"the replay's {where} is {x}: {BEYOND}")
+    walk(d, "")
+
+
+def writable(out: str) -> None:
+    """--out names a directory that is, or can be made, writable: checked before the replay."""
+    p = Path(out)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise ConfigError(f"--out {out}: {p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {p} is not writable")
+
+
+def write_trace(trace: dict, out: Path) -> None:
+    """OUT/trace.json, never half-written, and nothing left behind when it cannot be written
+    (--out named in the error): the temporary file and the directories made for it go."""
+    made = [d for d in (out, *out.parents) if not d.exists()]
+    path = out / "trace.json"
+    tmp = path.with_suffix(".tmp")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(trace, allow_nan=False))
+        tmp.replace(path)
+    except (OSError, ValueError) as e:
+        for leftover in (tmp, *made):       # innermost first: only what was made here
+            try:
+                leftover.rmdir() if leftover in made else leftover.unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise ConfigError(f"--out {out}: cannot write {path.name} there "
+                          f"({getattr(e, 'strerror', None) or e})") from None
+
+
+def check_trace(trace, path) -> None:
+    """What the replay reads of a trace, checked before it reads it: the Trace Event Format
+    object, minipar's metadata (otherData.minipar: the model, layout, batch, ranks) and every
+    complete event's fields. `TraceError` names the file and the first field that is wrong."""
+    try:
+        meta = _minipar_meta(trace)
+        world = _check_meta(meta)
+        _check_events(trace["traceEvents"], world)
+    except ValueError as e:
+        raise traces.TraceError(f"{path}: {e}") from None
+
+
+def _minipar_meta(trace) -> dict:
+    """otherData.minipar of a Trace Event Format object, or ValueError saying what it is."""
+    if isinstance(trace, list):
+        raise ValueError("a JSON array of events (Chrome's array format), not a minipar "
+                         "--profile trace (it has no otherData.minipar)")
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError("not a Trace Event Format object: it has no traceEvents list")
+    other = trace.get("otherData")
+    meta = other.get("minipar") if isinstance(other, dict) else None
+    if not isinstance(meta, dict):
+        raise ValueError("no otherData.minipar: not a trace of minipar's --profile (a foreign "
+                         "Chrome or Perfetto trace?)")
+    for key, kind in (("model_shape", dict), ("layout", dict), ("ranks", dict),
+                      ("seq_len", int), ("global_batch", int)):
+        v = meta.get(key)
+        if kind is int and not (_is_int(v) and v > 0):
+            raise ValueError(f"otherData.minipar.{key} = {v!r} must be a positive integer")
+        if kind is dict and not isinstance(v, dict):
+            raise ValueError(f"otherData.minipar.{key} = {v!r} must be an object")
+    return meta
+
+
+def _field_ok(f, v) -> bool:
+    """Is `v` of the type of dataclass field `f`'s default (None: an integer or None)?"""
+    want = type(f.default) if f.default is not None else None
+    return (v is None and f.default is None or want is None and (_is_int(v) or v is None)
+            or want is bool and isinstance(v, bool)
+            or want is int and _is_int(v)
+            or want is float and (_is_int(v) or isinstance(v, float))
+            or want is str and isinstance(v, str))
+
+
+def _built(key: str, cls, values: dict):
+    """`cls(**values)` of the metadata's `key`, each field checked for its type first."""
+    known = {f.name: f for f in fields(cls)}
+    for name, v in values.items():
+        f = known.get(name)
+        if f is None:
+            raise ValueError(f"otherData.minipar.{key}.{name}: no such field of {cls.__name__}")
+        if not _field_ok(f, v):
+            want = type(f.default) if f.default is not None else int
+            what = {bool: "true or false", int: "an integer", float: "a number",
+                    str: "a string"}.get(want, "an integer")
+            raise ValueError(f"otherData.minipar.{key}.{name} = {v!r} is not {what}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"otherData.minipar.{key}: {e}") from None
+
+
+def _check_meta(meta: dict) -> int:
+    """The model and layout the trace was recorded with obey the trainer's rules, and its
+    ranks are the layout's; returns the world size."""
+    model = _built("model_shape", ModelConfig, meta["model_shape"])
+    rpc = _built("layout", ParallelConfig, meta["layout"])
+    problems = model.problems() or rpc.problems(model, meta["seq_len"], meta["global_batch"])
+    if problems:
+        raise ValueError(f"otherData.minipar.layout or model_shape breaks a rule: {problems[0]}")
+    if sorted(meta["ranks"]) != sorted(map(str, range(rpc.world_size))) or \
+            not all(isinstance(c, dict) for c in meta["ranks"].values()):
+        raise ValueError(f"otherData.minipar.ranks must hold ranks 0 to {rpc.world_size - 1} "
+                         f"(the layout's {rpc.world_size}), each its coordinates")
+    return rpc.world_size
+
+
+def _check_events(events: list, world: int) -> None:
+    """Every complete ("X") event is one the replay can read, and every rank has some."""
+    pids = set()
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or not isinstance(e.get("ph"), str):
+            raise ValueError(f"traceEvents[{i}] is not an event (an object with a ph)")
+        if e["ph"] != "X":
+            continue
+        problem = _event_problem(e, world)
+        if problem:
+            raise ValueError(f"traceEvents[{i}] ({e.get('name')!r}): {problem}")
+        pids.add(e["pid"])
+    if pids != set(range(world)):
+        raise ValueError(f"its events are of ranks {sorted(pids)[:8]}, not of the layout's 0 "
+                         f"to {world - 1}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _event_problem(e: dict, world: int) -> str | None:
+    """What is wrong with a complete event the replay reads, or None."""
+    if not (_is_int(e.get("pid")) and 0 <= e["pid"] < world):
+        return f"pid {e.get('pid')!r} is not a rank of the layout"
+    if not (_number(e.get("ts")) and _number(e.get("dur")) and e["dur"] >= 0):
+        return "ts and dur must be finite numbers, dur >= 0"
+    if not (isinstance(e.get("cat"), str) and isinstance(e.get("name"), str) and isinstance(e.get("args"), dict)):
+        return "cat, name (strings) and args (an object) are required"
+    a, cat = e["args"], e["cat"]
+    if cat == "step" and not _is_int(a.get("step")):
+        return "a step span needs args.step, an integer"
+    if cat == "comm":
+        if not (isinstance(a.get("axis"), str) and isinstance(a.get("op"), str) and "id" in a
+                and isinstance(a.get("blocking"), bool) and isinstance(a.get("group"), list)
+                and _number(a.get("payload_bytes"))):
+            return "a comm span needs args axis, op, id, blocking, group and payload_bytes"
+        if a["op"] in ("send", "recv") and not (_is_int(a.get("peer")) and 0 <= a["peer"] < world):
+            return f"a {a['op']} needs args.peer, a rank"
+    if cat == "wait" and not isinstance(a.get("ids"), list):
+        return "a wait span needs args.ids, a list"
+    if cat == "layer" and not isinstance(a.get("kind"), str):
+        return "a layer span needs args.kind"
+    return None
 
 
 def format_replay(r: Replay) -> str:

@@ -16,7 +16,11 @@ includes the bubble: waiting for a message is waiting for the stage that sends i
 import gzip
 import json
 import math
+import os
+import zlib
 from pathlib import Path
+
+from .config import ConfigError
 
 
 def trace_path(path: str | Path) -> Path:
@@ -28,10 +32,67 @@ def open_trace(path: Path, mode: str):
     return (gzip.open if path.name.endswith(".gz") else open)(path, mode)
 
 
+# A trace is read whole into memory (and JSON makes it several times larger there): no file,
+# and no gzip's contents, beyond this many megabytes is read. A 32-rank pipeline's step is a
+# few tens of MB; MINIPAR_TRACE_MAX_MB raises the cap.
+MAX_TRACE_MB = 256
+MAX_TRACE_ENV = "MINIPAR_TRACE_MAX_MB"
+
+
+class TraceError(ConfigError):
+    """A trace file that cannot be read as a minipar trace: one line naming the file and what
+    is wrong with it (a `ConfigError`: the commands exit 2)."""
+
+
+def max_trace_bytes() -> int:
+    """The cap on a trace's size (`MAX_TRACE_MB`, or the environment's MINIPAR_TRACE_MAX_MB)."""
+    text = os.environ.get(MAX_TRACE_ENV)
+    if text is None:
+        return MAX_TRACE_MB * 10**6
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and mb > 0):
+        raise ConfigError(f"{MAX_TRACE_ENV}={text!r} must be a positive number of megabytes")
+    return int(mb * 10**6)
+
+
+def _cap(cap: int) -> str:
+    return f"{cap:,} bytes ({MAX_TRACE_ENV}={cap / 1e6:g}; set it to raise the cap)"
+
+
 def load(path) -> dict:
-    """A trace file (or a --profile directory), gzipped or not."""
-    with open_trace(trace_path(path), "rt") as f:
-        return json.load(f)
+    """A trace file (or a --profile directory), gzipped or not. Read with bounded memory: a
+    file (or a gzip's contents) over `max_trace_bytes` is refused before it is read whole.
+    Anything unreadable raises `TraceError` naming the file and what is wrong."""
+    path = trace_path(path)
+    cap = max_trace_bytes()
+    gz = path.name.endswith(".gz")
+    try:
+        size = path.stat().st_size
+        if size > cap:
+            raise TraceError(f"{path}: {size:,} bytes, over a trace's cap of {_cap(cap)}")
+        with open_trace(path, "rb") as f:
+            data = f.read(cap + 1)                    # bounded: a gzip may expand without end
+    except TraceError:
+        raise
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise TraceError(f"{path}: not a gzip file, or a truncated one ({e or type(e).__name__})") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(data) > cap:
+        raise TraceError(f"{path}: {'decompressed, ' if gz else ''}over a trace's cap of {_cap(cap)}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a JSON trace (not UTF-8 text: a binary or "
+                         "protobuf trace?)") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON, or truncated: {e.msg} (line {e.lineno}, "
+                         f"column {e.colno})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: not a trace: JSON nested too deep") from None
 
 
 # ================================================================ writing one

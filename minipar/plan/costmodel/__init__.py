@@ -13,7 +13,8 @@ The package, in reading order:
     constants  the measured constants (data/kernels_h200.json), the stacks' efficiencies, the precisions
     kernels    compute of a micro-batch: measured GEMMs and attention, memory-bound by bytes
     catalog    every constant the model takes as given, with its source (`... constants`)
-    frameworks what each software stack does (llama3, megatron, nanotron, deepspeed)
+    frameworks what each software stack does (llama3, megatron, nemo, nanotron, deepspeed,
+               torchtitan)
     workload   the batch and micro-batches; every rule a layout must obey
     scenario   one step as one frozen value (model, cluster, layout, stack, batch), checked
     memory     what the most loaded GPU holds (parameters, gradients, optimizer, activations)
@@ -37,7 +38,8 @@ tensor), send S on the sender.
 """
 from __future__ import annotations
 
-from .calibration import PLAYBOOK_CLUSTER, PLAYBOOK_MODELS, PublishedRun, published_runs
+from .band import mfu_band
+from .calibration import PLAYBOOK_CLUSTER, PLAYBOOK_MODELS, PublishedRun, nemo_runs, published_runs
 from .catalog import Constant, all_constants
 from .cli import build_parser, config_from_args, format_estimate, human_bytes, main
 from .constants import CAUSAL_FRACTION, LLAMA3_EFFICIENCY, TABLE4_BATCH_TOKENS, Efficiency
@@ -58,8 +60,8 @@ from ..flops import local_param_count
 from ..formulas.collectives import wire_bytes as ring_bytes
 from ..formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
 from ..formulas.data_parallel import dp_bytes, zero_padded_numel
-from ..formulas.memory import activation_elements
-from ..formulas.pipeline_parallel import bubble_fraction, in_flight_microbatches, pp_bytes
+from ..formulas.memory import activation_elements, in_flight_microbatches
+from ..formulas.pipeline_parallel import bubble_fraction, pp_bytes
 from ..formulas.tensor_parallel import (tp_cross_entropy_bytes, tp_embedding_bytes,
                                         tp_head_bytes, tp_layer_bytes, tp_norm_bytes)
 from ..memory import BF16_MIXED, FP32, PRECISIONS, Precision
@@ -86,7 +88,8 @@ __all__ = [
     "Framework", "FRAMEWORKS", "framework",
     # GPUs, kernels, the calibration runs, the planner
     "GPU_NAMES", "GPU_SHEETS", "gpu_cluster", "matmul_seconds", "attention_seconds",
-    "PLAYBOOK_CLUSTER", "PLAYBOOK_MODELS", "PublishedRun", "published_runs", "Plan", "plan", "limiting_term",
+    "PLAYBOOK_CLUSTER", "PLAYBOOK_MODELS", "PublishedRun", "published_runs", "nemo_runs", "mfu_band",
+    "Plan", "plan", "limiting_term",
     "binding_constraint",
     "build_parser", "config_from_args", "human_bytes", "format_estimate", "main",
 ]

@@ -18,7 +18,8 @@ from pathlib import Path
 from .. import flops
 from ..config import ModelConfig, ParallelConfig
 from .constants import LLAMA3_EFFICIENCY, Efficiency
-from .frameworks import apply, framework
+from .untrusted import reads_data
+from .frameworks import Framework, apply, framework
 from .gpus import gpu_cluster
 from .hardware import LLAMA3_CLUSTER, Cluster
 from .scenario import Scenario
@@ -32,6 +33,9 @@ HEATMAP_FILE = Path(__file__).parent / "data" / "playbook_heatmap.csv"
 # Every run of the Playbook's interactive figure: the MFU and tokens/s each printed. It
 # shows which FLOPs the Playbook's MFU counts (`playbook_mfu_ratios`).
 PLAYBOOK_RUNS_FILE = Path(__file__).parent / "data" / "playbook_runs.csv"
+# NVIDIA's published NeMo recipes on H100 with their measured tokens/s: the second source
+# the model is evaluated on (`nemo_runs`).
+NEMO_FILE = Path(__file__).parent / "data" / "nemo_recipes.csv"
 # The Playbook's cluster: bench_cluster's Slurm templates run from /fsx (Amazon FSx for
 # Lustre) on partition "hopper-prod", AWS p5.48xlarge servers (8 H100 SXM each), whose
 # fabric is EFA: collectives across servers are timed by nccl-tests on p5 (`constants`).
@@ -109,7 +113,12 @@ def playbook_flops_ratio(model: ModelConfig, pp: int, seq_len: int) -> float:
     return 1.0 + 6.0 * model.dim * model.vocab_size / flops.flops_per_token(model, seq_len)
 
 
-def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05):
+# Below 5% MFU the figure's 0.1-point rounding blurs a ratio of two MFUs.
+MFU_FLOOR = 0.05
+
+
+@reads_data
+def playbook_mfu_ratios(path: Path = PLAYBOOK_RUNS_FILE, floor: float = MFU_FLOOR):
     """(model, pp, printed MFU / minipar's MFU from the printed tokens/s) of every run of the
     Playbook's figure at `floor` MFU or more (below, 0.1-point rounding blurs the ratio)."""
     out = []
@@ -129,7 +138,8 @@ def flop_count_agreement(tol: float, corrected: bool = True) -> float:
                for m, pp, ratio in ratios) / len(ratios)
 
 
-def playbook_runs(path: Path = PLAYBOOK_RUNS_FILE, floor: float = 0.05) -> list[PublishedRun]:
+@reads_data
+def playbook_runs(path: Path = PLAYBOOK_RUNS_FILE, floor: float = MFU_FLOOR) -> list[PublishedRun]:
     """The Playbook figure's runs at `floor` MFU or more (in minipar's count) that minipar's
     shapes can run (a few use a TP degree that does not divide the heads), each as a
     `PublishedRun`: all the layouts tried for one model on one cluster size, to rank."""
@@ -173,16 +183,105 @@ def _run(row: dict) -> PublishedRun:
                         name, row.get("note") or "", precision, eff)
 
 
+# Published peak memory per GPU with the runs that printed it (torchtitan's tables, the
+# Playbook's allocated figures): `memory_runs`, compared by `evaluate.memory_comparison`.
+MEMORY_FILE = Path(__file__).parent / "data" / "published_memory.csv"
+GIB = 2 ** 30 / 1e9       # GB (1e9 bytes, the model's unit) in one GiB (what torch's counters print)
+# torchtitan's published runs: Grand Teton hosts of 8 H100 with 96 GB of HBM2e at 2.4 TB/s,
+# 400 Gb/s RDMA per GPU (its benchmarks/llama3_h100_202412_torchtitan.md). No data sheet in
+# `datasheets` has this part: the H100's row with its memory replaced.
+TORCHTITAN_CLUSTER = replace(gpu_cluster("h100", hbm_gb=96.0, hbm_TBps=2.4),
+                             name="torchtitan Grand Teton (H100 96 GB HBM2e)")
+
+
+# NVIDIA's recipes ran on DGX H100 SuperPODs: eight H100 SXM and eight 400 Gb/s InfiniBand
+# NDR rails per server, a full fat tree (NVIDIA's DGX SuperPOD reference architecture: no
+# oversubscription between the scalable units).
+NEMO_CLUSTER = replace(gpu_cluster("h100"), name="DGX H100 SuperPOD (InfiniBand NDR)",
+                       pod_oversubscription=1.0)
+NEMO_MLP = {"swiglu": "swiglu", "gelu": "gelu", "squared-relu": "relu2"}
+# Shapes the CSV does not carry, from each recipe's model config: GPT-3 ties its output
+# layer to the embedding (NeMo's megatron_gpt_config.yaml, share_embeddings_and_output_weights:
+# True); Llama 3.1 and Nemotron-4 keep two tables.
+NEMO_TIED = {"gpt3-175b"}
+# What each recipe's yaml sets beyond the CSV's columns (dgxc-benchmarking at 35a9aec):
+# optim.bucket_cap_mb, ub_tp_comm_overlap, overlap_p2p_comm (with interleaving; Nemotron-4
+# batches its sends instead, batch_p2p_comm: true).
+# And ub_tp_comm_overlap_cfg: the SMs its pipelined reduce-scatters hold (set_sm_margin: 1)
+# beside the attention projection's (proj_fprop, "o") and the MLP's down projection's
+# (fc2_fprop, "down") forward GEMMs; Nemotron-4 15B's yaml sets none (Transformer Engine's
+# defaults, no margin assumed).
+NEMO_RECIPES = {
+    "llama3.1/README_8b.md":        dict(bucket=75.0, tp_overlap=False, p2p_overlap=True, sms=()),
+    "llama3.1/README_70b.md":       dict(bucket=75.0, tp_overlap=True, p2p_overlap=True,
+                                         sms=(("o", 24), ("down", 16))),
+    "llama3.1/README_405b.md":      dict(bucket=125.0, tp_overlap=True, p2p_overlap=True,
+                                         sms=(("o", 24), ("down", 8))),
+    "nemo_megatron/README_175b.md": dict(bucket=220.0, tp_overlap=True, p2p_overlap=True,
+                                         sms=(("o", 24), ("down", 20))),
+    "nemotron/README_15b.md":       dict(bucket=100.0, tp_overlap=True, p2p_overlap=False, sms=()),
+    "nemotron/README_340b.md":      dict(bucket=50.0, tp_overlap=False, p2p_overlap=False, sms=()),
+}
+
+
+def nemo_framework(file: str) -> Framework:
+    """The nemo profile with one recipe's own bucket, TP overlap, p2p overlap and SMs held
+    by the overlapped reduce-scatters."""
+    knobs = dict(NEMO_RECIPES[file])
+    fw = framework("nemo")
+    return replace(fw, bucket=knobs["bucket"], tp_overlap=knobs["tp_overlap"],
+                   kernels=replace(fw.kernels, p2p_overlap=knobs["p2p_overlap"],
+                                   tp_comm_sms=knobs["sms"]))
+
+
+def nemo_model(row: dict) -> ModelConfig:
+    """The model of one recipe, from its row's shape columns."""
+    return ModelConfig(n_layers=int(row["layers"]), dim=int(row["hidden"]), n_heads=int(row["heads"]),
+                       n_kv_heads=int(row["kv_heads"]), ffn_dim=int(row["ffn"]),
+                       vocab_size=int(row["vocab"]), max_seq_len=int(row["seq_len"]),
+                       mlp=NEMO_MLP[row["mlp"]], tie_embeddings=row["model"] in NEMO_TIED,
+                       name=row["model"])
+
+
+def nemo_run(row: dict) -> PublishedRun:
+    """One NeMo recipe as a `PublishedRun` under the nemo profile with the recipe's own knobs
+    (`nemo_framework`): its layout as the recipe's yaml gives it, sequence parallelism where tp > 1, Megatron's ring (p2p) context
+    parallelism, layers dealt evenly to pp x v model chunks with the head on the last rank
+    ("trainer" split). The MFU is counted from the measured tokens/s in minipar's count
+    (the README's own MFU uses the recipe's FLOP count)."""
+    model = nemo_model(row)
+    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
+    seq, batch, mbs = int(row["seq_len"]), int(row["global_batch_seqs"]), int(row["mbs"])
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=1, sp=tp > 1, schedule=row["schedule"],
+                        virtual_stages=int(row["virtual_stages"]),
+                        microbatches=batch // (dp * mbs), cp_impl="ring")
+    pc, precision, eff = apply(nemo_framework(row["file"]), model, pc)
+    gpus = int(row["gpus"])
+    mfu = flops.mfu(float(row["tokens_per_s_total"]), model, seq, NEMO_CLUSTER.peak_flops, gpus)
+    return PublishedRun(row["source"], model, pc, NEMO_CLUSTER,
+                        Workload(seq, batch, mbs, row["recompute"], stage_split="trainer"),
+                        mfu, float(row["printed_mfu_pct"]) / 100, "nemo", "",
+                        precision, eff)
+
+
+@reads_data
+def nemo_runs(path: Path = NEMO_FILE) -> list[PublishedRun]:
+    """Every recipe of the NeMo evaluation file, in its order."""
+    return [nemo_run(row) for row in _rows(path)]
+
+
 def _rows(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
+@reads_data
 def published_runs(path: Path = RUNS_FILE) -> list[PublishedRun]:
     """Every row of the evaluation file, in its order."""
     return [_run(row) for row in _rows(path)]
 
 
+@reads_data
 def heatmap_cells(path: Path = HEATMAP_FILE) -> list[tuple[PublishedRun, float]]:
     """Every cell of the Playbook's heatmap: the run, and the GB per GPU it printed."""
     return [(_run(row), float(row["memory_gb"])) for row in _rows(path)]
@@ -192,3 +291,54 @@ def held_out_runs() -> list[PublishedRun]:
     """The heatmap's cells that are not rows of the evaluation file."""
     rows = {run.label for run in published_runs()}
     return [run for run, _ in heatmap_cells() if run.label not in rows]
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One published peak-memory figure: the run, and what its source printed."""
+
+    run: PublishedRun
+    ref: str                # the source's table and row (or job)
+    measured: str           # the allocator statistic: "reserved" or "allocated"
+    published_gib: float    # as printed (GiB, whatever the label says)
+    float8: bool = False    # Float8 linears: the model counts bf16
+
+    @property
+    def published_gb(self) -> float:
+        return self.published_gib * GIB
+
+
+def torchtitan_run(row: dict) -> PublishedRun:
+    """One row of torchtitan's tables as a `PublishedRun` under the torchtitan profile: its
+    layout (FSDP = ZeRO-3 without PP, `frameworks.TORCHTITAN`), its batch cut into
+    `global_batch_seqs / (dp x mbs)` micro-batches of `mbs` sequences, its recompute mode,
+    layers dealt evenly to pp x v stages, CP by all-gather. It printed no MFU (0 here)."""
+    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
+    seq, batch, mbs = int(row["seq_len"]), int(row["global_batch_seqs"]), int(row["mbs"])
+    model = _model(row["model"])
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=int(row["zero"] or 1), sp=tp > 1,
+                        schedule=row["schedule"], virtual_stages=int(row["virtual_stages"]),
+                        microbatches=batch // (dp * mbs), cp_impl="allgather")
+    pc, precision, eff = apply(framework(row["framework"]), model, pc)
+    return PublishedRun(row["source"], model, pc, TORCHTITAN_CLUSTER,
+                        Workload(seq, batch, mbs, row["recompute"]), 0.0, 0.0,
+                        row["framework"], "", precision, eff)
+
+
+def memory_run(row: dict) -> PublishedRun:
+    """A row of the memory file as the run that printed it: nanotron's as the heatmap's own
+    cells are built (`_run`, the same layouts), torchtitan's by `torchtitan_run`."""
+    if row["framework"] == "nanotron":
+        return _run({**row, "gas": "", "mfu": "0", "note": ""})
+    return torchtitan_run(row)
+
+
+@reads_data
+def memory_rows(path: Path = MEMORY_FILE) -> list[MemoryRow]:
+    """Every published peak-memory figure: the Playbook heatmap's cells (max_memory_reserved,
+    `heatmap_cells`), then each row of the memory file (torchtitan's tables, the Playbook's
+    allocated figures), in order."""
+    out = [MemoryRow(run, "heatmap cell", "reserved", gib) for run, gib in heatmap_cells()]
+    out += [MemoryRow(memory_run(row), row["ref"], row["measured"], float(row["memory_gib"]),
+                      row["float8"] == "1") for row in _rows(path)]
+    return out

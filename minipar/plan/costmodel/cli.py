@@ -15,9 +15,11 @@ import math
 import sys
 from dataclasses import replace
 
-from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
+from ..config import MLPS, ConfigError, ModelConfig, ParallelConfig, TrainConfig, positive
+from .band import band_note, mfu_band
 from .catalog import all_constants
 from .constants import LLAMA3_EFFICIENCY
+from .untrusted import exit_1_on_damaged_data
 from .defaults import default_degrees, default_schedule
 from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .gpus import GPU_NAMES, gpu_cluster
@@ -28,6 +30,7 @@ from .time import Estimate, estimate
 from .workload import Workload, make_workload
 from ..flags import Chosen, Parser, add_flags
 from ..memory import PRECISIONS
+from ..pipes import quiet_on_closed_pipe
 
 
 # The layout flags are the trainer's (`ParallelConfig`, `TrainConfig`), with the cost model's
@@ -78,8 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "DP buckets, ZeRO, TP overlap; default: the preset's own (llama3 for the "
                         "Llama 3 presets), else none: the layout flags as given, with fused "
                         "kernels. --zero, --bucket-mb, --tp-overlap given explicitly win")
+    _add_tp_comm_overlap(g)
     p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
     return p
+
+
+def _add_tp_comm_overlap(g) -> None:
+    g.add_argument("--tp-comm-overlap", choices=("on", "off"),
+                   help="TP's all-gathers and reduce-scatters pipelined with the matmuls "
+                        "(Megatron's --tp-comm-overlap, torchtitan's async TP), on or off whatever "
+                        "the framework does (default: the framework's own; without one, "
+                        "--tp-overlap's); on needs sequence parallelism")
 
 
 def _add_model_and_hardware_flags(p) -> None:
@@ -90,6 +102,11 @@ def _add_model_and_hardware_flags(p) -> None:
     for flag, dest in (("--layers", "n_layers"), ("--dim", "dim"), ("--ffn-dim", "ffn_dim"),
                        ("--heads", "n_heads"), ("--kv-heads", "n_kv_heads"), ("--vocab", "vocab_size")):
         g.add_argument(flag, dest=dest, type=int)
+    g.add_argument("--mlp", choices=MLPS, help="the MLP: swiglu (Llama's: gate, up, down), gelu "
+                   "(GPT-3's) or relu2 (squared ReLU, Nemotron-4's): up, down (default: the preset's)")
+    g.add_argument("--tied-embeddings", dest="tie_embeddings", action=argparse.BooleanOptionalAction,
+                   help="the LM head shares the embedding's table (one table of vocab x dim, not "
+                        "two); --no-tied-embeddings unties a preset's (default: the preset's)")
     g = p.add_argument_group("hardware (defaults: the Llama 3 cluster)")
     g.add_argument("--gpu", choices=GPU_NAMES, help="a GPU's data sheet (gpus.py), wired like "
                    "Llama 3's cluster; any field below overrides it")
@@ -113,14 +130,28 @@ def _add_layout_flags(g) -> None:
                    help="tokens per step, e.g. 16M or 16777216 (default 16M = 2048 x 8192)")
     add_flags(b, TrainConfig, ("global_batch",), LAYOUT_DEFAULTS)
     g.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch")
-    add_flags(g, ParallelConfig, ("schedule", "virtual_stages", "zero", "recompute", "cp_impl",
-                                  "sp", "tp_overlap", "bucket_mb"), LAYOUT_DEFAULTS)
+    add_flags(g, ParallelConfig, ("schedule",), LAYOUT_DEFAULTS)
+    v = g.add_mutually_exclusive_group()
+    add_flags(v, ParallelConfig, ("virtual_stages",), LAYOUT_DEFAULTS)
+    v.add_argument("--layers-per-virtual-stage", type=int, metavar="N",
+                   help="layers per model chunk, Megatron's --num-layers-per-virtual-pipeline-"
+                        "stage: --virtual-stages = layers / (pp x N); N must divide the layers "
+                        "per pipeline stage (layers / pp, a whole number)")
+    add_flags(g, ParallelConfig, ("zero", "recompute"), LAYOUT_DEFAULTS)
+    g.add_argument("--recompute-layers", type=int, metavar="N",
+                   help="full recomputation of only the first N layers of each pipeline stage "
+                        "(each model chunk with --virtual-stages), the rest not: Megatron's "
+                        "--recompute-granularity full --recompute-method block "
+                        "--recompute-num-layers N; 0 <= N <= layers per stage, with --recompute "
+                        "none or full")
+    add_flags(g, ParallelConfig, ("cp_impl", "sp", "tp_overlap", "bucket_mb"), LAYOUT_DEFAULTS)
 
 
 def _model_and_cluster(args) -> tuple[ModelConfig, Cluster]:
     model = ModelConfig.preset(args.preset, flag="--preset")
     overrides = {k: getattr(args, k) for k in ("n_layers", "dim", "ffn_dim", "n_heads",
-                                               "n_kv_heads", "vocab_size") if getattr(args, k) is not None}
+                                               "n_kv_heads", "vocab_size", "mlp", "tie_embeddings")
+                 if getattr(args, k) is not None}
     if overrides:
         model = replace(model, name="custom", **overrides)
     hw = {k: getattr(args, k) for k in ("peak_tflops", "hbm_gb", "hbm_TBps", "gpus_per_node",
@@ -152,22 +183,56 @@ def config_from_args(args) -> tuple[ModelConfig, Cluster, ParallelConfig, Worklo
         raise ConfigError(*model.problems())
     d, notes = _layout(args, model, cluster)
     work = make_workload(args.seq_len, args.global_batch_tokens, args.global_batch,
-                         args.microbatch_size, args.recompute)
+                         args.microbatch_size, args.recompute, args.recompute_layers)
     if args.dp is None and d["dp"] > 0 and work.global_batch > 0 and work.global_batch % d["dp"]:
         raise ConfigError(f"the global batch of {work.global_batch} sequences (--global-batch / "
                           f"--global-batch-tokens) cannot be split over dp = {d['dp']}, chosen as "
                           f"--gpus / (tp*cp*pp); pass --dp or another batch")
     m = work.global_batch // (d["dp"] * work.microbatch_size) if d["dp"] > 0 and work.microbatch_size > 0 else 1
-    schedule, v, more = default_schedule(d["pp"], m, model.n_layers, args.schedule, args.virtual_stages)
+    chunks = virtual_stages_of(args.layers_per_virtual_stage, model.n_layers, d["pp"],
+                               args.pp is None, args.schedule)
+    schedule, v, more = default_schedule(d["pp"], m, model.n_layers, args.schedule,
+                                         args.virtual_stages if chunks is None else chunks)
+    if chunks is not None:       # the chunks came from --layers-per-virtual-stage: say so
+        more = [n.replace("--virtual-stages given", f"--layers-per-virtual-stage "
+                          f"{args.layers_per_virtual_stage}: {chunks} chunks") for n in more]
     sp = args.sp if args.sp is not None else d["tp"] > 1
-    if args.tp_overlap and not sp:
-        raise ConfigError("--tp-overlap needs sequence parallelism: " + (
-            "drop --no-sp" if args.sp is False else f"it is off because --tp {d['tp']} is 1"))
+    for flag, on in (("--tp-overlap", args.tp_overlap), ("--tp-comm-overlap on", args.tp_comm_overlap == "on")):
+        if on and not sp:
+            raise ConfigError(f"{flag} needs sequence parallelism: " + (
+                "drop --no-sp" if args.sp is False else f"it is off because --tp {d['tp']} is 1"))
+    if args.tp_overlap and args.tp_comm_overlap == "off":
+        raise ConfigError("--tp-comm-overlap off contradicts --tp-overlap: give one")
     parallel = ParallelConfig(tp=d["tp"], cp=d["cp"], pp=d["pp"], dp=d["dp"], zero=args.zero,
-                              bucket_mb=args.bucket_mb, sp=sp, tp_overlap=args.tp_overlap,
+                              bucket_mb=args.bucket_mb, sp=sp,
+                              tp_overlap=args.tp_overlap or args.tp_comm_overlap == "on",
                               schedule=schedule, virtual_stages=v, cp_impl=args.cp_impl)
     args.notes = notes + more
     return model, cluster, parallel, work
+
+
+def virtual_stages_of(per_chunk: int | None, n_layers: int, pp: int, pp_chosen: bool = False,
+                      schedule: str | None = None) -> int | None:
+    """--layers-per-virtual-stage N as chunks per pipeline rank, Megatron's rule
+    (megatron/training/arguments.py): the layers divisible by pp, the layers per stage by N,
+    virtual_pipeline_model_parallel_size = layers / pp / N. None when N is not given."""
+    if per_chunk is None:
+        return None
+    flag, pp_flag = f"--layers-per-virtual-stage {per_chunk}", f"--pp {pp}" + (" (default)" if pp_chosen else "")
+    if pp < 2:
+        raise ConfigError(f"{flag} needs --pp > 1, not {pp_flag.split(' ', 1)[1]} (the chunks go "
+                          "round the pipeline ranks)")
+    if n_layers % pp:
+        raise ConfigError(f"{flag} needs the {n_layers} layers divisible by {pp_flag} (Megatron: "
+                          "'number of layers of the model must be divisible pipeline model parallel size')")
+    if (n_layers // pp) % per_chunk:
+        raise ConfigError(f"{flag} must divide the {n_layers // pp} layers per pipeline stage "
+                          f"({n_layers} layers / {pp_flag})")
+    v = n_layers // pp // per_chunk
+    if v > 1 and schedule is not None and schedule != "interleaved":
+        raise ConfigError(f"{flag} makes {v} chunks per pipeline rank: it needs --schedule "
+                          f"interleaved, not {schedule}")
+    return v
 
 
 def human_bytes(n: float) -> str:
@@ -178,7 +243,8 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
+def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster,
+                    band: tuple[float, float] | None = None, band_source: str = "") -> str:
     pc, w = e.parallel, e.workload
     lines = [
         f"model    {model.name}: {model.n_layers} layers, dim {model.dim}, ffn {model.ffn_dim}, "
@@ -188,11 +254,13 @@ def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster) -> str:
         f"layout   {pc.world_size} GPUs = TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp}, {pc.schedule}"
         + (f" v={pc.virtual_stages}" if pc.virtual_stages > 1 else "")
         + f", ZeRO-{pc.zero}, SP {'on' if pc.sp else 'off'}" + (" + TP overlap" if pc.tp_overlap else "")
-        + f", CP {pc.cp_impl}, recompute {w.recompute}",
+        + f", CP {pc.cp_impl}, recompute {w.recompute}"
+        + (f" (the first {w.recompute_layers} layers of each stage)" if w.recompute_layers else ""),
         f"batch    {w.global_batch} x {w.seq_len} tokens = {w.tokens:,}; micro-batch {w.microbatch_size}, "
         f"{e.microbatches} per DP rank",
         "",
         f"MFU              {100 * e.mfu:6.1f} %   (PaLM convention: 6N + 12 L h s FLOPs per token)",
+        *([f"MFU band         {100 * band[0]:.0f} to {100 * band[1]:.0f} %   ({band_source})"] if band else []),
         f"HFU              {100 * e.hfu:6.1f} %",
         f"TFLOP/s per GPU  {e.tflops_per_gpu:8.4g}",
         f"step time        {e.step_time_s:8.4g} s   ({e.tokens_per_s:,.0f} tokens/s)",
@@ -220,6 +288,11 @@ def build_plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch-tokens", type=_tokens, default=4 * 2**20,
                    help="tokens per step, e.g. 4M or 4194304 (default 4M)")
     add_flags(p, ParallelConfig, ("tp_overlap",))
+    p.add_argument("--framework", choices=tuple(FRAMEWORKS),
+                   help="estimate every layout under this software stack (frameworks.py): its "
+                        "kernels, reduce dtype, DP units, TP overlap and ZeRO stage (default: "
+                        "none: fused kernels, fp32 reduces per layer, the cheapest ZeRO that fits)")
+    _add_tp_comm_overlap(p)
     p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
                    help="share of HBM a plan leaves free for what the memory model does not "
                         f"count (default {MEMORY_HEADROOM:g})")
@@ -241,7 +314,8 @@ def _tokens(text: str) -> int:
 # tokens, --top, ...) is a positive integer, a real number (bandwidths, efficiencies, ...)
 # finite; each real's own range is checked where it is used. ZeRO's stage is no count: it is
 # one of 0-3, checked with the layout.
-COUNTS, NOT_COUNTS = (int, _tokens), ("zero",)
+COUNTS, NOT_COUNTS = (int, _tokens), ("zero", "recompute_layers")
+NON_NEGATIVE = ("recompute_layers",)      # counts that may be 0
 
 
 def number_problem(action: argparse.Action, value) -> str | None:
@@ -251,13 +325,44 @@ def number_problem(action: argparse.Action, value) -> str | None:
         return None
     if action.type in COUNTS and action.dest not in NOT_COUNTS and value < 1:
         return f"{flag} {value} must be a positive integer"
+    if action.dest in NON_NEGATIVE and value < 0:
+        return f"{flag} {value} must be >= 0"
     if action.type is float and not math.isfinite(value):
         return f"{flag} {value} must be finite"
     return None
 
 
-def format_plan(p, cluster: Cluster) -> str:
-    """The ranked layouts, each with its limiting term and the MFU without it."""
+def non_finite(d, where: str = "") -> tuple[str, float] | None:
+    """The first number of `d` (nested dicts and lists) that is NaN or infinite: (its key, it)."""
+    if isinstance(d, float) and not math.isfinite(d):
+        return where, d
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        if found := non_finite(v, f"{where}.{k}" if where else str(k)):
+            return found
+    return None
+
+
+def refuse_non_finite(d: dict, parser, args, argv) -> None:
+    """The rule of a physically absurd number (--peak-tflops 1e-320): a real flag need only be
+    finite (and positive where `Cluster.problems` says), but an estimate is printed only when
+    every number of it is finite (JSON has no NaN or Infinity). Else a ConfigError naming the
+    number flags given, the likeliest cause: exit 2."""
+    found = non_finite(d)
+    if found is None:
+        return
+    given = [a for a in parser._actions if a.option_strings and a.type in (float, *COUNTS)
+             and any(x == o or x.startswith(o + "=") for o in a.option_strings for x in argv)]
+    floats = [a for a in given if a.type is float] or given
+    named = ", ".join(f"{a.option_strings[0]} {getattr(args, a.dest)}" for a in floats)
+    raise ConfigError(f"{named or 'the flags given'}: the estimate's {found[0]} would be "
+                      f"{found[1]}: every number of an estimate must be finite, so a value this "
+                      "far outside any real hardware or model is refused")
+
+
+def format_plan(p, cluster: Cluster, framework: str | None = None) -> str:
+    """The ranked layouts, each with its MFU band (`band.mfu_band` for runs under
+    `framework`), its limiting term and the MFU without it."""
     if not p.ranked:
         return f"nothing fits ({p.tried} layouts tried): {binding_constraint(p, cluster)}"
     lines = [f"{p.tried} layouts tried, {sum(p.rejected.values())} ruled out "
@@ -265,7 +370,9 @@ def format_plan(p, cluster: Cluster) -> str:
     best = p.ranked[0].mfu
     for i, e in enumerate(p.ranked, 1):
         first, share, term, part, without = limiting_term(e)
-        lines.append(f"{i}. {describe(e)}: MFU {100 * e.mfu:.1f}%, {e.memory_gb_per_gpu:.0f} GB")
+        low, high = mfu_band(e.mfu, framework)
+        lines.append(f"{i}. {describe(e)}: MFU {100 * e.mfu:.0f}% (band {100 * low:.0f} to "
+                     f"{100 * high:.0f}%), {e.memory_gb_per_gpu:.0f} GB")
         why = ("it needs ZeRO-3 or full recomputation to fit" if first == "memory"
                else f"{100 * share:.0f}% of the step")
         lines.append(f"   limited by {first} ({why}), then {term} "
@@ -282,15 +389,25 @@ def plan_main(argv) -> int:
         bad = model.problems() + cluster.problems() + positive(gpus=args.gpus)
         if bad:
             raise ConfigError(*bad)
+        if args.tp_overlap and args.tp_comm_overlap == "off":
+            raise ConfigError("--tp-comm-overlap off contradicts --tp-overlap: give one")
+        overlap = ({"on": True, "off": False}[args.tp_comm_overlap] if args.tp_comm_overlap
+                   else True if args.tp_overlap else None if args.framework else False)
         p = plan(model, cluster, args.gpus, args.seq_len, args.global_batch_tokens,
-                 top=args.top, tp_overlap=args.tp_overlap, headroom=args.memory_headroom)
+                 top=args.top, tp_overlap=overlap, headroom=args.memory_headroom,
+                 framework=args.framework)
+        for e in p.ranked:
+            refuse_non_finite(e.as_dict(), build_plan_parser(), args, argv)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{model.name} on {args.gpus} x {cluster.name}, sequences of {args.seq_len}, "
           f"{args.global_batch_tokens:,} tokens per step, at most {p.budget_gb:.1f} GB per GPU "
-          f"({100 * args.memory_headroom:g}% of HBM left free)")
-    print(format_plan(p, cluster))
+          f"({100 * args.memory_headroom:g}% of HBM left free)"
+          + (f", every layout under {args.framework}" if args.framework else ""))
+    print(format_plan(p, cluster, args.framework))
+    if p.ranked:
+        print(f"band: {band_note(args.framework)}")
     return 0
 
 
@@ -303,13 +420,15 @@ def constants_main(argv) -> int:
     args = p.parse_args(argv)
     rows = [{"name": c.name, "value": c.value, "unit": c.unit, "source": c.source} for c in all_constants().values()]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows, indent=1, allow_nan=False))
         return 0
     for r in rows:
         print(f"{r['name']:24s} {r['value']:>10g} {r['unit']:20s} {r['source']}")
     return 0
 
 
+@quiet_on_closed_pipe
+@exit_1_on_damaged_data
 def main(argv=None) -> int:
     """`python -m minipar.costmodel [flags]` predicts one step; `... plan [flags]` ranks
     layouts (`planner.main`); `... constants [--json]` lists the constants."""
@@ -327,20 +446,24 @@ def main(argv=None) -> int:
         if name is not None:
             if args.framework is None:
                 args.notes.append(f"chose --framework {name} (the preset's own stack)")
-            pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision)
+            overlap = {"on": True, "off": False}.get(args.tp_comm_overlap)
+            pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision, overlap)
         given = {k: getattr(parallel, k) for k, flag in (("zero", "--zero"), ("bucket_mb", "--bucket-mb"),
                                                          ("tp_overlap", "--tp-overlap"))
                  if any(a == flag or a.startswith(flag + "=") for a in argv)}
         e = estimate(model, pc.replace(**given), cluster, work.seq_len, global_batch=work.global_batch,
                      microbatch_size=work.microbatch_size, recompute=work.recompute,
-                     precision=precision, efficiency=eff)
+                     recompute_layers=work.recompute_layers, precision=precision, efficiency=eff)
+        refuse_non_finite(e.as_dict(), parser, args, argv)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    band = mfu_band(e.mfu, name)
     if args.json:
-        print(json.dumps({**e.as_dict(), "defaults_chosen": args.notes}))
+        print(json.dumps({**e.as_dict(), "mfu_band": list(band), "defaults_chosen": args.notes},
+                         allow_nan=False))
     else:
-        print(format_estimate(e, model, cluster))
+        print(format_estimate(e, model, cluster, band, band_note(name)))
         for note in args.notes:
             print(f"default  {note}")
     return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..datasheets import SHEETS
+from .untrusted import read_json, reading
 
 TABLE4_BATCH_TOKENS = 2048 * 8192          # "16M tokens per batch": 2048 sequences of 8K
 CAUSAL_FRACTION = 0.5       # a causal kernel computes half of the s x s square
@@ -36,8 +37,13 @@ MEASURED_HBM_TBps = SHEETS["H200"].hbm_TBps
 
 @functools.cache
 def measurements() -> dict:
-    """Every kernel `benchmarks/kernels/measure.py` timed (`data/kernels_h200.json`)."""
-    return json.loads(KERNELS_FILE.read_text())
+    """Every kernel `benchmarks/kernels/measure.py` timed (`data/kernels_h200.json`); a
+    damaged copy is a `DataError` naming it."""
+    block = ("dim", "ffn", "heads", "kv", "head_dim", "vocab", "tp", "tokens", "seq", "fwd_bwd_s")
+    return read_json(KERNELS_FILE, {"gemms": ("m", "n", "k", "s"), "square": ("m", "n", "k", "s"),
+                                    "hbm": ("copy_Bps",), "attention": ("seq", "flops_fwd", "fwd_bwd_s"),
+                                    "cross_entropy": ("tokens", "vocab", "fused_s", "eager_s"),
+                                    "layers": block})
 
 
 def median(xs: list[float]) -> float:
@@ -83,8 +89,9 @@ def attention_tflops(kernel: str, block: float) -> float:
 @functools.cache
 def cp_attention_tflops(kernel: str) -> float:
     """Measured TFLOP/s of one all-gather CP rank's chunked attention (median over ranks)."""
-    ranks = json.loads(CP_ATTENTION_FILE.read_text())["ranks"][kernel]
-    return median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
+    with reading(CP_ATTENTION_FILE):
+        ranks = json.loads(CP_ATTENTION_FILE.read_text())["ranks"][kernel]
+        return median([r["flops"] / r["fwd_bwd_s"] / 1e12 for r in ranks])
 
 
 @functools.cache
@@ -135,11 +142,12 @@ FABRIC_FILES = {"efa": DATA / "nccl_tests_efa_p5.csv"}
 @functools.cache
 def fabric_curves(fabric: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
     """{op: {servers: [(bytes, bus GB/s), ...] by size}} of one fabric's nccl-tests."""
-    lines = [line for line in FABRIC_FILES[fabric].read_text().splitlines() if not line.startswith("#")]
-    out: dict[str, dict[int, list[tuple[float, float]]]] = {}
-    for row in csv.DictReader(lines):
-        point = (float(row["size_mb"]) * 2 ** 20, float(row["busbw_GBps"]))
-        out.setdefault(row["op"], {}).setdefault(int(row["nodes"]), []).append(point)
+    with reading(FABRIC_FILES[fabric]):
+        lines = [line for line in FABRIC_FILES[fabric].read_text().splitlines() if not line.startswith("#")]
+        out: dict[str, dict[int, list[tuple[float, float]]]] = {}
+        for row in csv.DictReader(lines):
+            point = (float(row["size_mb"]) * 2 ** 20, float(row["busbw_GBps"]))
+            out.setdefault(row["op"], {}).setdefault(int(row["nodes"]), []).append(point)
     return {op: {n: sorted(pts) for n, pts in curves.items()} for op, curves in out.items()}
 
 
@@ -175,6 +183,12 @@ class Efficiency:
                    once, the bytes `kernels` counts) or "eager" (PyTorch, one kernel per op:
                    `kernels.elementwise_factor` measures how many times more they move)
     cross_entropy: "fused" (one kernel over the logits) or "eager" (op by op in fp32)
+    tp_comm_sms:   ((linear, SMs), ...): forward GEMMs that, under TP overlap, share the
+                   GPU with a pipelined reduce-scatter holding that many SMs (Transformer
+                   Engine's userbuffers, `set_sm_margin`): they run on the SMs left
+    p2p_overlap:   the pipeline's sends run beside the compute (Megatron's
+                   overlap_p2p_comm); False: batched and waited for (batch_p2p_comm, whose
+                   batch_p2p_sync synchronises the device), each on the critical path
     Nothing else: a free factor for what the model does not count would hide what the
     physics misses.
     """
@@ -184,6 +198,8 @@ class Efficiency:
     attention: str = "cudnn"
     elementwise: str = "fused"
     cross_entropy: str = "fused"
+    p2p_overlap: bool = True
+    tp_comm_sms: tuple = ()
 
     @property
     def links(self) -> tuple[float, float]:

@@ -88,26 +88,29 @@ def p2p_exposed_seconds(s: Scenario, t_mb: float) -> float:
     fills and drains (the first micro-batch crosses all p v - 1 boundaries of the model
     before the last stage can start: interleaving multiplies the hops, as the replay of a
     recorded run shows); in between, a send hides behind the next chunk's compute unless it
-    is slower."""
+    is slower, or unless the stack waits for each batch of sends (`Efficiency.p2p_overlap`
+    off): then every one is on the critical path."""
     pc = s.parallel
     if pc.pp == 1:
         return 0.0
     t_p2p = s.seconds(p2p_message_bytes(s), "pp", "send", 1)
     chunk = t_mb / pc.virtual_stages
     hops = pc.pp * pc.virtual_stages - 1
-    return 2 * hops * t_p2p + 2 * s.microbatches * pc.virtual_stages * max(0.0, t_p2p - chunk)
+    steady = max(0.0, t_p2p - chunk) if s.efficiency.p2p_overlap else t_p2p
+    return 2 * hops * t_p2p + 2 * s.microbatches * pc.virtual_stages * steady
 
 
 def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t_ag: float,
                        t_mb: float, drain: float = 0.0, late: float = 0.0,
-                       shared: float = 0.0) -> float:
+                       shared: float = 0.0, units: int = 1) -> float:
     """DP time that sticks out of the step. Gradients are final only during the last
     micro-batch's backward (2/3 of its time), so that is all a reduction can hide behind,
     plus `drain` (`pipeline_drain_seconds`); the updated weights can be prefetched during
     the first forward (1/3). ZeRO-2 reduces every micro-batch (its gradients are sharded):
     m reduce-scatters, hidden by all the compute from the first backward to the last, which
     in a pipeline starts `late` (`first_backward_delay`) and shares the NIC with the
-    pipeline's sends (`shared` seconds of them); ZeRO-3 also gathers the weights every time.
+    pipeline's sends (`shared` seconds of them). ZeRO-3 gathers the weights every time, unit
+    by unit (`units` of them on the rank): `zero3_exposed_seconds`.
     Naive DP (no buckets) overlaps nothing."""
     backward, forward = (0.0, 0.0) if naive else (2 / 3 * t_mb + drain, 1 / 3 * t_mb)
 
@@ -121,7 +124,52 @@ def dp_exposed_seconds(zero: int, naive: bool, microbatches: int, t_rs: float, t
     if zero == 2:     # each micro-batch's reduce-scatter runs on NCCL's stream behind
         # everything computed after it; only the last one must end before the update
         return exposed(m * t_rs + shared, (m - 1) * t_mb + backward - late) + exposed(t_ag, forward)
-    return m * (exposed(t_ag, forward) + exposed(t_ag + t_rs, backward))
+    return zero3_exposed_seconds(units, m, t_ag, t_rs, t_mb / 3, 2 * t_mb / 3)
+
+
+def zero3_exposed_seconds(units: int, microbatches: int, t_ag: float, t_rs: float,
+                          t_forward: float, t_backward: float) -> float:
+    """What ZeRO-3's traffic adds to the step, from its mechanism.
+
+    ZeRO-3 (FSDP's FULL_SHARD, DeepSpeed stage 3) keeps 1/n of every weight on each GPU.
+    A unit's weights (a transformer layer: FSDP wraps each block; DeepSpeed fetches each
+    module's parameters) are all-gathered just before the unit computes and freed after,
+    so every micro-batch gathers the whole model twice, once for the forward and once for
+    the backward, and reduce-scatters every gradient once (DeepSpeed reduces each
+    micro-batch's gradients into the sharded fp32 buffer: no full-size gradient is kept).
+    What hides the traffic is prefetching, one unit ahead:
+
+    * forward: PyTorch's FSDP notes ("FSDP Prefetch Nuances") say unit i+1's all-gather,
+      issued on its own CUDA stream, overlaps unit i's forward compute, and that "the 1st
+      all-gather will not be able to overlap with anything". DeepSpeed prefetches in trace
+      order up to stage3_prefetch_bucket_size parameter elements (5e7; "Maximum number of
+      parameter elements to fetch ahead of use", runtime/zero/config.py), at least the next
+      module, holding at most stage3_max_live_parameters (1e9) gathered: a layer of a large
+      model is over 5e7 elements, so it too works one unit ahead.
+    * backward: FSDP's BackwardPrefetch.BACKWARD_PRE (torch/distributed/fsdp/api.py)
+      "overlaps the next all-gather and the current gradient computation"; the unit's
+      reduce-scatter follows its gradient computation and hides behind the next units'.
+      The gather of unit i-1 and the reduce-scatter of unit i+1 run during unit i's
+      backward on the same link (across servers: the same NICs), so their times add.
+
+    Per micro-batch, with U units of forward compute f and backward compute b each, and
+    each unit's all-gather ag = t_ag / U and reduce-scatter rs = t_rs / U:
+
+        forward  exposed = ag + (U - 1) max(0, ag - f)           first gather, then what
+        backward exposed = ag + rs + (U - 1) max(0, ag + rs - b)  the comm outlasts compute
+
+    the backward's first gather (the units come back in reverse) and its last reduce-scatter
+    (nothing is computed after it) hide behind nothing. When the comm outlasts the compute
+    the micro-batch takes f + b + U (2 ag + rs): every byte of the link's traffic plus one
+    unit's compute, whatever the batch per GPU; when it does not, only the first gathers
+    and the last reduce-scatter stick out. `t_ag`, `t_rs`: one all-gather / reduce-scatter
+    of all the rank's parameters (`dp_collective_seconds`); `t_forward`, `t_backward`: one
+    micro-batch's compute. One unit (`units=1`) hides nothing."""
+    u = max(1, units)
+    ag, rs, f, b = t_ag / u, t_rs / u, t_forward / u, t_backward / u
+    forward = ag + (u - 1) * max(0.0, ag - f)
+    backward = ag + rs + (u - 1) * max(0.0, ag + rs - b)
+    return microbatches * (forward + backward)
 
 
 def first_backward_delay(pp: int, v: int, t_mb: float) -> float:

@@ -23,20 +23,30 @@ class Framework:
 
     kernels:      attention kernel, pointwise fusion, loss (`Efficiency`)
     reduce_bytes: bytes per gradient element data parallelism reduces (4: fp32, 2: bf16)
+    grad_bytes:   bytes per element of the gradient buffer it accumulates into (None: the
+                  precision's own, fp32 in bf16 mixed precision)
     bucket:       what one DP collective carries: "layer" (FSDP's unit: one transformer
-                  block's parameters) or a size in MB
+                  block's parameters), "dp-scaled" (Megatron's: max(40M, 1M x the DP
+                  group) gradient elements, so that a wide group's latency stays small
+                  beside its bytes) or a size in MB
     zero:         the ZeRO stage its data parallelism is (None: the layout's own)
-    tp_overlap:   TP's all-gather / reduce-scatter pipelined with the matmuls
+    zero_with_pp: the ZeRO stage under pipeline parallelism, where it differs (None: `zero`)
+    tp_overlap:   TP's all-gather / reduce-scatter pipelined with the matmuls (its default;
+                  --tp-comm-overlap on/off overrides it)
+    cp_impl:      how its context parallelism exchanges K/V (None: the layout's own)
     sources:      {behaviour: where its framework says so}
     """
 
     name: str
     kernels: Efficiency
     reduce_bytes: int = 4
+    grad_bytes: int | None = None
     bucket: str | float = 25.0
     zero: int | None = None
     tp_overlap: bool = False
     sources: dict = field(default_factory=dict)
+    zero_with_pp: int | None = None
+    cp_impl: str | None = None
 
 
 LLAMA3 = Framework(
@@ -51,14 +61,38 @@ LLAMA3 = Framework(
     })
 
 MEGATRON = Framework(
-    "megatron", Efficiency(attention="cudnn", cross_entropy="fused"), reduce_bytes=2,
-    bucket=40e6 * 2 / 1e6, zero=1, tp_overlap=True,
+    "megatron", Efficiency(attention="cudnn", cross_entropy="fused"), reduce_bytes=4,
+    bucket="dp-scaled", zero=1, tp_overlap=True, cp_impl="ring",
     sources={
-        "reduce_bytes": "megatron/core/distributed/distributed_data_parallel_config.py: grad_reduce_in_fp32 = False",
+        "cp_impl": "--cp-comm-type p2p (its default): Transformer Engine's ring of K/V sends, "
+                   "overlapped with the attention of the block in hand",
+        "reduce_bytes": "megatron/training/arguments.py: --bf16 sets accumulate_allreduce_grads_in_fp32 "
+                        "(grad_reduce_in_fp32) unless --grad-reduce-in-bf16",
         "bucket": "distributed_data_parallel_config.py: bucket_size = max(40M, 1M x dp) elements",
         "zero": "--use-distributed-optimizer (its recipes' default): optimizer state sharded, grads reduce-scattered",
         "tp_overlap": "--tp-comm-overlap (Transformer Engine userbuffers), on in its H100 recipes",
         "kernels": "Transformer Engine: cuDNN fused attention, fused RMSNorm/RoPE/SwiGLU, fused cross-entropy",
+    })
+
+# NeMo 24.09's recipes (github.com/NVIDIA/dgxc-benchmarking v24.11.1, each recipe's yaml):
+# Megatron-core under NeMo's own optimizer. The bucket size, TP overlap and pipeline p2p
+# overlap differ from recipe to recipe (`calibration.NEMO_RECIPES` carries each one's).
+NEMO = Framework(
+    "nemo", Efficiency(attention="cudnn", cross_entropy="fused"), reduce_bytes=2, grad_bytes=2,
+    bucket=75.0, zero=1, tp_overlap=True, cp_impl="ring",
+    sources={
+        "cp_impl": "Megatron-core's context parallelism, cp_comm_type p2p: a ring of K/V sends",
+        "reduce_bytes": "recipe yaml, optim: name distributed_fused_adam, grad_sync_dtype: bf16",
+        "grad_bytes": "Apex DistributedFusedAdam keeps its gradient buckets in grad_sync_dtype (bf16 here)",
+        "bucket": "recipe yaml, optim.bucket_cap_mb (75 MB for Llama 3.1 8B/70B; 50 to 220 in others)",
+        "zero": "distributed_fused_adam with overlap_grad_sync and overlap_param_sync: optimizer state "
+                "sharded, gradients reduce-scattered once per step, weights all-gathered during the next forward",
+        "tp_overlap": "recipe yaml, ub_tp_comm_overlap (true for most; false for Nemotron-4 340B)",
+        "kernels": "recipe yaml: transformer_engine, use_flash_attention, apply_rope_fusion, "
+                   "bias_activation_fusion, cross_entropy_loss_fusion: true",
+        "p2p_overlap": "recipe yaml, overlap_p2p_comm (false with batch_p2p_comm: true for Nemotron-4)",
+        "tp_comm_sms": "recipe yaml, ub_tp_comm_overlap_cfg: proj_fprop and fc2_fprop use method pipeline "
+                       "with num_sm 8 to 24 and set_sm_margin 1 (the GEMM runs on the other SMs)",
     })
 
 NANOTRON = Framework(
@@ -84,7 +118,34 @@ DEEPSPEED = Framework(
         "kernels": "a Hugging Face model in eager PyTorch with FlashAttention-2",
     })
 
-FRAMEWORKS = {f.name: f for f in (LLAMA3, MEGATRON, NANOTRON, DEEPSPEED)}
+# torchtitan (github.com/pytorch/torchtitan v0.1.0, f7084fc, June 2025: the stack of its
+# published Llama 3.1 runs, benchmarks/llama3_h100_202412_torchtitan.md): FSDP2 +
+# TP (+ PP), each TransformerBlock its own fully_shard unit.
+TORCHTITAN = Framework(
+    "torchtitan", Efficiency(attention="flash2", elementwise="fused", cross_entropy="fused"),
+    reduce_bytes=4, bucket="layer", zero=3, zero_with_pp=1, tp_overlap=False,
+    sources={
+        "reduce_bytes": "torchtitan/config_manager.py: mixed_precision_reduce = 'float32', passed to "
+                        "FSDP2 as MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) "
+                        "(models/llama3/infra/parallelize.py apply_fsdp)",
+        "bucket": "models/llama3/infra/parallelize.py apply_fsdp: fully_shard(transformer_block) for "
+                  "each block, then the root: FSDP2's unit is one block's parameters",
+        "zero": "config_manager.py: fsdp_reshard_after_forward = 'default'; apply_fsdp: 'default' "
+                "reshards after forward (every block but the last) without PP: weights all-gathered "
+                "again in backward, gradients reduce-scattered per backward (ZeRO-3)",
+        "zero_with_pp": "apply_fsdp: with PP 'default' does not reshard after forward ('to avoid "
+                        "per-microbatch all-gathers'); torch/distributed/pipelining/stage.py turns "
+                        "off gradient sync until perform_reduce_grad after the last micro-batch: one "
+                        "reduce-scatter and one all-gather per step, the optimizer sharded (ZeRO-1)",
+        "tp_overlap": "config_manager.py: enable_async_tensor_parallel = False (async TP needs "
+                      "torch.compile; llama3_405b.toml turns it on: --tp-comm-overlap on)",
+        "kernels": "models/attention.py ScaledDotProductAttention: SDPA with FLASH_ATTENTION first on "
+                   "H100 (cuDNN first only on B200); pointwise fused by torch.compile per "
+                   "TransformerBlock and of the loss (training.compile, default False, true in "
+                   "llama3_405b.toml and in every 2D/3D run of its benchmarks)",
+    })
+
+FRAMEWORKS = {f.name: f for f in (LLAMA3, MEGATRON, NEMO, NANOTRON, DEEPSPEED, TORCHTITAN)}
 PRESET_FRAMEWORK = {"llama3-405b": "llama3", "llama3-70b": "llama3", "llama3-8b": "llama3"}
 
 
@@ -101,11 +162,32 @@ def fsdp_unit_mb(model: ModelConfig, tp: int, precision: Precision = BF16_MIXED)
     return local_param_count(model, tp, 1, False, False) * precision.grad_bytes / 1e6
 
 
+def megatron_bucket_mb(pc: ParallelConfig, reduce_bytes: int) -> float:
+    """MB of one Megatron DDP bucket: max(40M, 1M x the DP group's ranks) gradient elements
+    (`distributed_data_parallel_config.py`), in the dtype they are reduced in."""
+    return max(40e6, 1e6 * pc.dp * pc.cp) * reduce_bytes / 1e6
+
+
+def bucket_mb(fw: Framework, model: ModelConfig, pc: ParallelConfig, precision: Precision) -> float:
+    """MB each of `fw`'s DP collectives carries in the layout `pc` (`Framework.bucket`)."""
+    if fw.bucket == "layer":
+        return fsdp_unit_mb(model, pc.tp, precision)
+    if fw.bucket == "dp-scaled":
+        return megatron_bucket_mb(pc, fw.reduce_bytes)
+    return float(fw.bucket)
+
+
 def apply(fw: Framework, model: ModelConfig, pc: ParallelConfig,
-          precision: Precision = BF16_MIXED) -> tuple[ParallelConfig, Precision, Efficiency]:
-    """The layout, precision and kernels a run of `pc` has under `fw`."""
-    bucket = fsdp_unit_mb(model, pc.tp, precision) if fw.bucket == "layer" else float(fw.bucket)
-    pc = pc.replace(bucket_mb=bucket, tp_overlap=fw.tp_overlap and pc.sp)
-    if fw.zero is not None:
-        pc = pc.replace(zero=fw.zero)
-    return pc, replace(precision, reduce_bytes=fw.reduce_bytes), fw.kernels
+          precision: Precision = BF16_MIXED,
+          tp_overlap: bool | None = None) -> tuple[ParallelConfig, Precision, Efficiency]:
+    """The layout, precision and kernels a run of `pc` has under `fw`. `tp_overlap`
+    (--tp-comm-overlap on/off) replaces the framework's own TP overlap (None: keep it)."""
+    overlap = fw.tp_overlap if tp_overlap is None else tp_overlap
+    pc = pc.replace(bucket_mb=bucket_mb(fw, model, pc, precision), tp_overlap=overlap and pc.sp)
+    if fw.cp_impl is not None:
+        pc = pc.replace(cp_impl=fw.cp_impl)
+    zero = fw.zero_with_pp if pc.pp > 1 and fw.zero_with_pp is not None else fw.zero
+    if zero is not None:
+        pc = pc.replace(zero=zero)
+    grads = precision.grad_bytes if fw.grad_bytes is None else fw.grad_bytes
+    return pc, replace(precision, reduce_bytes=fw.reduce_bytes, grad_bytes=grads), fw.kernels

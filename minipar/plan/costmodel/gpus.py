@@ -28,7 +28,8 @@ def gpu_cluster(gpu: str = "h100", **overrides) -> Cluster:
     s = GPU_SHEETS[key]
     sheet = dict(name=key, peak_tflops=s.bf16_tflops, hbm_TBps=s.hbm_TBps, hbm_gb=s.hbm_gb,
                  intra_node_GBps=s.nvlink_GBps, inter_node_Gbps=s.nic_Gbps,
-                 gpus_per_node=s.gpus_per_server, gpus_per_rack=2 * s.gpus_per_server)
+                 gpus_per_node=s.gpus_per_server, gpus_per_rack=2 * s.gpus_per_server,
+                 sms=s.sms)
     sheet.update({k: v for k, v in overrides.items() if v is not None})
     extra = set(sheet) - set(Cluster.__dataclass_fields__)
     if extra:

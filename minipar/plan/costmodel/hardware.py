@@ -37,6 +37,7 @@ class Cluster:
     hbm_gb: float = H100.hbm_gb                    # GB (1e9 bytes): an "80 GB" H100 holds 80 GiB
     hbm_TBps: float = H100.hbm_TBps                # HBM bandwidth: what memory-bound kernels run at
     gpus_per_node: int = H100.gpus_per_server
+    sms: int = H100.sms                            # streaming multiprocessors per GPU
     intra_node_GBps: float = H100.nvlink_GBps      # NVLink, per GPU per direction
     inter_node_Gbps: float = H100.nic_Gbps         # RoCE / InfiniBand NIC, per GPU
     gpus_per_rack: int = 16

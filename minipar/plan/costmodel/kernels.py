@@ -60,10 +60,11 @@ def linear_seconds(tokens: float, d_in: float, d_out: float, cluster: Cluster) -
 
 def layer_linears(model: ModelConfig, tp: int) -> dict[str, tuple[float, float]]:
     """The (d_in, d_out) of each linear of a block as one of `tp` ranks holds it (Megatron:
-    q, k, v and gate, up split by columns; o and down by rows)."""
+    q, k, v and gate, up split by columns; o and down by rows). A two-matrix MLP's "gate_up"
+    is its up projection alone."""
     h, kv, f = model.dim, model.n_kv_heads * model.head_dim, model.ffn_dim
     return {"qkv": (h, (h + 2 * kv) / tp), "o": (h / tp, h),
-            "gate_up": (h, 2 * f / tp), "down": (f / tp, h)}
+            "gate_up": (h, (model.mlp_matrices - 1) * f / tp), "down": (f / tp, h)}
 
 
 def layer_params(model: ModelConfig, tp: int) -> float:
@@ -71,40 +72,54 @@ def layer_params(model: ModelConfig, tp: int) -> float:
     return sum(d_in * d_out for d_in, d_out in layer_linears(model, tp).values())
 
 
-def layer_matmul_seconds(model: ModelConfig, tokens: float, tp: int,
-                         cluster: Cluster) -> dict[str, tuple[float, float]]:
-    """{linear: (forward, backward) seconds} of one block's weight matmuls, one micro-batch."""
-    return {name: linear_seconds(tokens, d_in, d_out, cluster)
-            for name, (d_in, d_out) in layer_linears(model, tp).items()}
+def layer_matmul_seconds(model: ModelConfig, tokens: float, tp: int, cluster: Cluster,
+                         comm_sms=()) -> dict[str, tuple[float, float]]:
+    """{linear: (forward, backward) seconds} of one block's weight matmuls, one micro-batch.
+    `comm_sms` ((linear, SMs), ...): forward GEMMs that leave that many SMs to a concurrent
+    collective (`Efficiency.tp_comm_sms`) run at the rest's speed."""
+    out = {name: linear_seconds(tokens, d_in, d_out, cluster)
+           for name, (d_in, d_out) in layer_linears(model, tp).items()}
+    for name, sms in comm_sms:
+        forward, backward = out[name]
+        out[name] = (forward * cluster.sms / (cluster.sms - sms), backward)
+    return out
 
 
 def attention_seconds(model: ModelConfig, tokens: float, seq_len: int, cp: int, tp: int,
-                      cluster: Cluster, kernel: str = "cudnn") -> float:
+                      cluster: Cluster, kernel: str = "cudnn", cp_impl: str = "allgather") -> float:
     """Forward + backward of the attention core for `tokens` of this rank's queries, each
     seeing on average half of the sequence (causal): 12 h s / 2 FLOPs per token and layer,
     over tp (heads), at the measured speed of `kernel` on sequences of s tokens."""
     flops = CAUSAL_FRACTION * 12.0 * model.n_heads * model.head_dim * seq_len * tokens / tp
-    return flops / attention_flops_per_s(kernel, seq_len, cp, cluster)
+    return flops / attention_flops_per_s(kernel, seq_len, cp, cluster, cp_impl)
 
 
-def attention_flops_per_s(kernel: str, seq_len: int, cp: int, cluster: Cluster) -> float:
+def attention_flops_per_s(kernel: str, seq_len: int, cp: int, cluster: Cluster,
+                          cp_impl: str = "allgather") -> float:
     """What `kernel` ("flash2" or "cudnn") computes per second on sequences of seq_len
     tokens, as measured, scaled from the measuring GPU's peak to the cluster's. With CP the
-    rank's query chunks meet the keys before them under a lower-right causal mask: a kernel
-    of its own, measured as such (`cp_attention_tflops`)."""
+    kernel depends on how the keys arrive. All-gather: the rank's query chunks meet all the
+    keys before them under a lower-right causal mask, one kernel of its own, measured as
+    such (`cp_attention_tflops`). Ring: each of the cp steps is a kernel call on blocks of
+    s / cp tokens (Transformer Engine's `AttnFuncWithCPAndKVP2P`), timed like a sequence of
+    that length. Ulysses: after its all-to-all a rank runs whole sequences, 1/cp of the
+    heads."""
     name = {"flash2": "flash", "cudnn": "cudnn"}[kernel]
-    measured = cp_attention_tflops(name) if cp > 1 else attention_tflops(name, seq_len)
+    if cp > 1 and cp_impl == "allgather":
+        measured = cp_attention_tflops(name)
+    else:
+        measured = attention_tflops(name, seq_len / cp if cp_impl == "ring" else seq_len)
     return measured * 1e12 * cluster.peak_tflops / MEASURED_PEAK_TFLOPS
 
 
 def elementwise_bytes_per_token(model: ModelConfig, tp: int, sp: bool, act_bytes: int = 2) -> float:
     """HBM bytes per token and layer of the forward's memory-bound kernels: two RMSNorms
     (read x, write), two residual adds (read two, write one), RoPE on q and k, SwiGLU's
-    silu(gate) * up (read two, write one). Norms and adds work on the full width unless
-    sequence parallelism splits the tokens over TP."""
+    silu(gate) * up (read two, write one; a two-matrix MLP's activation reads one). Norms and
+    adds work on the full width unless sequence parallelism splits the tokens over TP."""
     h, kv, f = model.dim, model.n_kv_heads * model.head_dim, model.ffn_dim
     sp_t = tp if sp else 1
-    per_token = (2 * 2 * h + 2 * 3 * h) / sp_t + 2 * (h + kv) / tp + 3 * f / tp
+    per_token = (2 * 2 * h + 2 * 3 * h) / sp_t + 2 * (h + kv) / tp + model.mlp_matrices * f / tp
     return per_token * act_bytes
 
 

@@ -2,7 +2,7 @@
 
 Chapter "Memory: where every byte goes". A `Workload` says the batch (sequence length,
 micro-batch size, micro-batches per DP rank) and the recompute flag the memory model reads
-from the layout; `run_layout` puts them there.
+from the layout; `run_layout` puts them there (and --recompute-layers beside them).
 """
 from __future__ import annotations
 
@@ -25,18 +25,23 @@ def run_layout(pc: ParallelConfig, work: Workload) -> ParallelConfig:
     return pc.replace(microbatches=work.microbatches(pc), recompute=recompute)
 
 
+def layers_recomputed(pc: ParallelConfig, work: Workload) -> int | None:
+    """The workload's --recompute-layers, when its full recompute is the one that runs."""
+    return work.recompute_layers if work.recompute == "full" else None
+
+
 def memory_of_rank(model: ModelConfig, pc: ParallelConfig, work: Workload,
                    precision: Precision, stage: int) -> dict[str, float]:
     """Bytes pipeline rank `stage` holds (`memory.memory_of_rank`)."""
     return memory.memory_of_rank(model, run_layout(pc, work), precision, work.seq_len,
-                                 work.microbatch_size, stage)
+                                 work.microbatch_size, stage, layers_recomputed(pc, work))
 
 
 def fullest_stage(model: ModelConfig, pc: ParallelConfig, work: Workload,
                   precision: Precision = BF16_MIXED) -> int:
     """The pipeline rank whose total is largest (`memory.fullest_stage`)."""
     return memory.fullest_stage(model, run_layout(pc, work), precision, work.seq_len,
-                                work.microbatch_size)
+                                work.microbatch_size, layers_recomputed(pc, work))
 
 
 def memory_per_gpu(model: ModelConfig, pc: ParallelConfig, work: Workload,

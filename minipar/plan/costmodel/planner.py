@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..config import ConfigError, ModelConfig, ParallelConfig
 from .constants import LLAMA3_EFFICIENCY, Efficiency
+from . import frameworks
 from .frameworks import fsdp_unit_mb
 from .hardware import Cluster
 from .memory import memory_per_gpu
@@ -30,11 +31,16 @@ from ..memory import BF16_MIXED, Precision
 
 MIN_TOKENS_PER_CP_RANK = 1024
 MICROBATCH_SIZES = (1, 2, 4)
-# An assumption, not fitted: the share of HBM a plan leaves free. What the memory model does
-# not count (CUDA context and cuBLAS workspaces, NCCL's buffers per communicator, the caching
-# allocator's fragmentation) takes GBs; nanotron printed more than the model counts in every
-# cell of the Playbook's heatmap, and its authors name the 80B on 4 nodes as a run that fits
-# but is slow "due to operating near the GPU memory limits".
+# The share of HBM a plan leaves free, 8.6 GB of an H100's 85.9: what the memory model does
+# not count. The CUDA context with cuBLAS's and cuDNN's workspaces (about 1 GB), NCCL's
+# buffers (4 MiB per channel and peer, per communicator: about 1 GB over a 4D layout's
+# groups), Transformer Engine's userbuffers where TP overlaps (about 1 GB) and the caching
+# allocator's fragmentation (a few percent of what it holds). An assumption, not fitted:
+# every published run of both evaluation sets, NVIDIA's 340B on 128 GPUs among them, fits
+# under it (tests/test_costmodel.py); nanotron printed more than the model counts in every
+# cell of the Playbook's heatmap (its eager kernels keep more, `evaluate.memory_report`),
+# and the Playbook names its 80B on 4 nodes as slow "due to operating near the GPU memory
+# limits".
 MEMORY_HEADROOM = 0.10
 RECOMPUTE_ORDER = ("none", "selective", "full")
 ZERO_ORDER = (1, 3)
@@ -78,18 +84,18 @@ def memory_budget_gb(cluster: Cluster, headroom: float = MEMORY_HEADROOM) -> flo
 
 
 def fit_memory(model: ModelConfig, pc: ParallelConfig, budget_gb: float, seq_len: int,
-               global_batch: int, mbs: int, precision: Precision):
-    """The cheapest (ZeRO stage, recompute) under which the layout fits in `budget_gb`, or
-    (None, the GB of the leanest: ZeRO-3 with full recomputation, tried first so a hopeless
-    layout costs one evaluation)."""
+               global_batch: int, mbs: int, precision: Precision, zeros=ZERO_ORDER):
+    """The cheapest (ZeRO stage of `zeros`, recompute) under which the layout fits in
+    `budget_gb`, or (None, the GB of the leanest: the last ZeRO stage with full
+    recomputation, tried first so a hopeless layout costs one evaluation)."""
     def gb(zero, rc):
         work = Workload(seq_len, global_batch, mbs, rc)
         trial = pc.replace(zero=zero, recompute=rc)
         return memory_per_gpu(model, trial, work, precision)["total"] / 1e9, trial, work
-    leanest = gb(ZERO_ORDER[-1], RECOMPUTE_ORDER[-1])
+    leanest = gb(zeros[-1], RECOMPUTE_ORDER[-1])
     if leanest[0] > budget_gb:
         return None, leanest[0]
-    for zero, rc in itertools.product(ZERO_ORDER, RECOMPUTE_ORDER):
+    for zero, rc in itertools.product(zeros, RECOMPUTE_ORDER):
         need, trial, work = gb(zero, rc)
         if need <= budget_gb:
             return trial, work
@@ -97,29 +103,40 @@ def fit_memory(model: ModelConfig, pc: ParallelConfig, budget_gb: float, seq_len
 
 
 def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
-         global_batch_tokens: int = 4 * 2**20, top: int = 5, tp_overlap: bool = False,
+         global_batch_tokens: int = 4 * 2**20, top: int = 5, tp_overlap: bool | None = False,
          precision: Precision = BF16_MIXED, efficiency: Efficiency = LLAMA3_EFFICIENCY,
-         headroom: float = MEMORY_HEADROOM) -> Plan:
+         headroom: float = MEMORY_HEADROOM,
+         framework: str | frameworks.Framework | None = None) -> Plan:
     """Rank every valid layout of `model` on `gpus` GPUs of `cluster` that fits in the HBM
-    less `headroom` (a fraction), by MFU."""
+    less `headroom` (a fraction), by MFU. `framework` (a name of `frameworks.FRAMEWORKS`, or a
+    `Framework` itself, one recipe's knobs set):
+    every candidate runs that stack (`frameworks.apply`: its kernels, reduce dtype, DP
+    buckets and TP overlap, and its ZeRO stage instead of the cheapest that fits);
+    `tp_overlap` None then keeps the framework's own."""
     batch = make_workload(seq_len, global_batch_tokens).global_batch    # the batch's rules
     if not 0 <= headroom < 1:
         raise ConfigError(f"--memory-headroom {headroom} must be a fraction in [0, 1)")
+    fw = frameworks.framework(framework) if isinstance(framework, str) else framework
     budget = memory_budget_gb(cluster, headroom)
     found, tried, rejected, least = [], 0, {}, None
-    for pc, mbs in candidates(model, cluster, gpus, seq_len, batch, tp_overlap):
+    for pc, mbs in candidates(model, cluster, gpus, seq_len, batch, bool(tp_overlap)):
         tried += 1
+        prec, eff, zeros = precision, efficiency, ZERO_ORDER
+        if fw is not None:
+            pc, prec, eff = frameworks.apply(fw, model, pc, precision, tp_overlap)
+            own = fw.zero_with_pp if pc.pp > 1 and fw.zero_with_pp is not None else fw.zero
+            zeros = ZERO_ORDER if own is None else (own,)
         if layout_problems(model, pc, Workload(seq_len, batch, mbs)):
             rejected["rules"] = rejected.get("rules", 0) + 1
             continue
-        fitted, work = fit_memory(model, pc, budget, seq_len, batch, mbs, precision)
+        fitted, work = fit_memory(model, pc, budget, seq_len, batch, mbs, prec, zeros)
         if fitted is None:
             rejected["memory"] = rejected.get("memory", 0) + 1
             least = work if least is None else min(least, work)
             continue
         found.append(estimate(model, fitted, cluster, seq_len, global_batch=batch,
                               microbatch_size=mbs, recompute=work.recompute,
-                              precision=precision, efficiency=efficiency))
+                              precision=prec, efficiency=eff))
     found.sort(key=lambda e: -e.mfu)
     return Plan(found if top is None else found[:top], tried, rejected, least, budget)
 

@@ -36,29 +36,45 @@ def largest_tp(model: ModelConfig, limit: int) -> int:
     return tp
 
 
+def divisors(n: int) -> list[int]:
+    """Every positive divisor of n, smallest first."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def chunk_counts(schedule: str, pp: int, n_layers: int) -> list[int]:
     """Chunks per rank to try: 1, or for the interleaved schedule every power of two >= 2
-    that leaves each of the pp x v stages a layer (the end stages may hold none): exactly
-    the stages rule the trainer checks (`ParallelConfig.problems`)."""
+    that leaves each of the pp x v stages a layer (the end stages may hold none: the stages
+    rule the trainer checks, `ParallelConfig.problems`), and every v that deals the layers
+    evenly, n_layers / pp / v a whole number (Megatron's
+    --num-layers-per-virtual-pipeline-stage: 80 layers on pp 4 give v = 5)."""
     if schedule != "interleaved":
         return [1]
     if pp == 1:
         return []
-    return [v for v in powers_of_two((n_layers + END_STAGES) // pp) if v > 1]
+    even = divisors(n_layers // pp) if n_layers % pp == 0 else []
+    return sorted({v for v in powers_of_two((n_layers + END_STAGES) // pp) + even if v > 1})
+
+
+def pipeline_degrees(model: ModelConfig, gpus: int) -> list[int]:
+    """Pipeline degrees to try: the powers of two, and every divisor of the layer count that
+    divides the GPUs (Llama 3.1 405B's 126 layers on 9 stages)."""
+    limit = min(gpus, model.n_layers)
+    odd = [d for d in divisors(model.n_layers) if d <= limit and gpus % d == 0]
+    return sorted(set(powers_of_two(limit) + odd))
 
 
 def layouts(model: ModelConfig, cluster: Cluster, gpus: int, global_batch: int,
             microbatch_sizes=(1, 2), schedules=("1f1b", "interleaved"), tps=None, cps=None,
             pps=None, cp_impl: str = "allgather"):
-    """Each (ParallelConfig, micro-batch size) of `gpus` GPUs: tp, cp, pp powers of two (tp
-    within one server and dividing the model's heads, FFN and vocabulary; or the degrees
-    `tps`, `cps`, `pps` given), dp the rest; each micro-batch size that cuts the
+    """Each (ParallelConfig, micro-batch size) of `gpus` GPUs: tp, cp powers of two (tp
+    within one server and dividing the model's heads, FFN and vocabulary), pp of
+    `pipeline_degrees` (or the degrees `tps`, `cps`, `pps` given), dp the rest; each micro-batch size that cuts the
     `global_batch` sequences evenly over the DP ranks; each schedule with each of its
     `chunk_counts`. Sequence parallelism on whenever tp > 1. The other rules (the
     interleaved schedule's micro-batches in multiples of pp among them) are `estimate`'s."""
     tps = tps or powers_of_two(largest_tp(model, min(cluster.gpus_per_node, gpus)))
     cps = cps or powers_of_two(gpus)
-    pps = pps or powers_of_two(min(gpus, model.n_layers))
+    pps = pps or pipeline_degrees(model, gpus)
     for tp, cp, pp in itertools.product(tps, cps, pps):
         if gpus % (tp * cp * pp):
             continue

@@ -18,7 +18,7 @@ Each function takes the step as one `Scenario` and returns a typed result.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .. import flops
 from ..config import ModelConfig, ParallelConfig
@@ -32,6 +32,7 @@ from .memory import memory_per_gpu, param_total_local
 from .scenario import Scenario, scenario
 from .wire import comm_bytes_per_gpu, pipeline_bytes
 from .workload import Workload, stage_loads
+from ..schedules import stage_layer_counts
 from ..formulas.pipeline_parallel import bubble_fraction
 from ..formulas.tensor_parallel import (tp_cross_entropy_bytes, tp_embedding_bytes,
                                         tp_head_bytes, tp_norm_bytes)
@@ -68,8 +69,8 @@ def estimate(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
     """Predict one training step of `model` split as `parallel` on `cluster` (default:
     Llama 3's), sequences of `seq_len` tokens: the `Scenario` that `scenario.scenario`
     builds and checks from these and the batch and stack it takes (`global_batch_tokens`
-    or `global_batch`, `microbatch_size`, `recompute`, `precision`, `efficiency`,
-    `framework`, `stage_split`), predicted by `step_estimate`. Raises `ConfigError`
+    or `global_batch`, `microbatch_size`, `recompute`, `recompute_layers`, `precision`,
+    `efficiency`, `framework`, `stage_split`), predicted by `step_estimate`. Raises `ConfigError`
     (naming the flag and the rule) for a layout that cannot run."""
     return step_estimate(scenario(model, parallel, cluster, seq_len, **batch_and_stack))
 
@@ -85,6 +86,7 @@ class Compute:
     linears: dict             # {linear: (forward, backward)} seconds of one block
     layers: float             # the pace rank's layers
     balance: float            # the mean rank's compute over the pace rank's
+    recomputed: float = 0.0   # of those, the layers whose forward runs again (full recompute)
 
     @property
     def seconds(self) -> float:
@@ -95,23 +97,32 @@ def compute_seconds(s: Scenario) -> Compute:
     """Compute of one micro-batch on one GPU, by kernel kind (`Compute`)."""
     model, pc, work, cluster, eff = s.model, s.parallel, s.work, s.cluster, s.efficiency
     tokens = s.tokens
-    linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster)
+    linears = kernels.layer_matmul_seconds(model, tokens, pc.tp, cluster,
+                                           eff.tp_comm_sms if pc.tp_overlap else ())
     head = (sum(kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster))
             + kernels.cross_entropy_seconds(tokens, model.vocab_size / pc.tp, cluster, eff.cross_entropy))
     attention = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp,
-                                          cluster, eff.attention)
+                                          cluster, eff.attention, pc.cp_impl)
     elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
     per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
     split = stage_loads(model, pc.pp, work.stage_split, pc.virtual_stages)
     layers, head_share = pace_stage(split, per_layer, head)
     loads = [n * per_layer + share * head for n, share in split]
     matmul = layers * sum(f + b for f, b in linears.values()) + head * head_share
-    attention, elementwise = layers * attention, layers * elementwise
-    if work.recompute == "full":                     # the forward again: a third of the work
-        matmul += layers * sum(f for f, _ in linears.values())
-        elementwise *= 4 / 3
-    if work.recompute in ("selective", "full"):
-        attention *= 4 / 3
+    # the forward again: a third of the work, of every kernel of the `redone` layers (all
+    # the rank's layers under full recomputation, the first --recompute-layers of each of
+    # its chunks with a count), of the attention core under selective recomputation
+    redone = (layers if work.recompute == "full" and work.recompute_layers is None else
+              work.recomputed_layers([layers / pc.virtual_stages] * pc.virtual_stages))
+    matmul += redone * sum(f for f, _ in linears.values())
+    if work.recompute_layers is not None:
+        attention, elementwise = (layers + redone / 3) * attention, (layers + redone / 3) * elementwise
+    else:
+        attention, elementwise = layers * attention, layers * elementwise
+        if work.recompute == "full":
+            elementwise *= 4 / 3
+        if work.recompute in ("selective", "full"):
+            attention *= 4 / 3
     # Gradient accumulation over micro-batches: each backward adds its bf16 weight gradients
     # into the fp32 buffer (read 2 + 4 bytes, write 4), a memory-bound pass per micro-batch.
     if s.microbatches > 1:
@@ -120,7 +131,7 @@ def compute_seconds(s: Scenario) -> Compute:
     # the mean rank's compute over the pace rank's: the pipeline fills and drains through
     # every rank, so its idle time is counted in the mean rank's micro-batches
     return Compute(matmul, attention, elementwise, linears, layers,
-                   sum(loads) / len(loads) / max(loads))
+                   sum(loads) / len(loads) / max(loads), redone)
 
 
 @dataclass(frozen=True)
@@ -148,7 +159,8 @@ def pass_seconds(s: Scenario) -> Passes:
     f = sum(kernels.matmul_seconds(tokens, d_out, d_in, cluster) for d_in, d_out in lins)
     b = sum(kernels.matmul_seconds(tokens, d_in, d_out, cluster) for d_in, d_out in lins)
     w = sum(kernels.matmul_seconds(d_in, d_out, tokens, cluster) for d_in, d_out in lins)
-    att = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp, cluster, eff.attention)
+    att = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp, cluster,
+                                    eff.attention, pc.cp_impl)
     ew = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
     if s.microbatches > 1:     # gradient accumulation into fp32, as compute_seconds
         w += kernels.stream_seconds(kernels.layer_params(model, pc.tp) * 10.0, cluster)
@@ -190,13 +202,26 @@ def microbatch_seconds(s: Scenario) -> Microbatch:
     extras, embedding, head and loss, spread over the pp ranks."""
     pc, h, act, tokens = s.parallel, s.model.dim, s.precision.act_bytes, s.tokens
     c = compute_seconds(s)
-    t_tp = c.layers * tp_exposed_seconds(s, c.linears)
+    # the layers recomputed in full send their forward's TP and CP traffic twice, the others
+    # once: each kind priced as its own step (`by_recompute`)
+    t_att = c.attention / c.layers if c.layers else 0.0    # a stage of the head alone
+    t_tp = per_layer_kind(s, c, lambda x: tp_exposed_seconds(x, c.linears))
     ends = (tp_embedding_bytes(tokens, h, pc.tp, act, pc.sp) + tp_head_bytes(tokens, h, pc.tp, act)
             + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
     t_tp += s.seconds(ends, "tp", "all_reduce", 5 / pc.pp)
-    t_att = c.attention / c.layers if c.layers else 0.0    # a stage of the head alone
-    t_cp = c.layers * cp_seconds(s, t_att)
+    t_cp = per_layer_kind(s, c, lambda x: cp_seconds(x, t_att))
     return Microbatch(c.seconds, c.attention, t_tp, t_cp, c.balance)
+
+
+def per_layer_kind(s: Scenario, c: Compute, seconds) -> float:
+    """`seconds(step)` of one layer, times the pace rank's layers. With --recompute-layers the
+    layers recomputed in full (`c.recomputed`) send their forward's TP and CP traffic twice,
+    the others once: each kind priced as a step of its own."""
+    if s.work.recompute_layers is None:
+        return c.layers * seconds(s)
+    plain = replace(s, work=replace(s.work, recompute="none", recompute_layers=None))
+    again = replace(s, work=replace(s.work, recompute_layers=None))
+    return (c.layers - c.recomputed) * seconds(plain) + c.recomputed * seconds(again)
 
 
 @dataclass(frozen=True)
@@ -209,6 +234,7 @@ class DataParallel:
     late: float               # how late the first backward comes
     pp_nic: float             # the pipeline's sends on the same NIC
     exposed: float            # what sticks out of the step
+    units: int = 1            # ZeRO-3's units on the rank (its layers), each gathered alone
 
 
 def dp_terms(s: Scenario, t_mb: float) -> DataParallel:
@@ -219,8 +245,10 @@ def dp_terms(s: Scenario, t_mb: float) -> DataParallel:
     drain = pipeline_drain_seconds(pc.pp, pc.virtual_stages, t_mb)
     late = first_backward_delay(pc.pp, pc.virtual_stages, t_mb)
     pp_nic = pipeline_nic_seconds(s)
-    exposed = dp_exposed_seconds(pc.zero, naive, s.microbatches, t_rs, t_ag, t_mb, drain, late, pp_nic)
-    return DataParallel(t_rs, t_ag, drain, late, pp_nic, exposed)
+    units = max(1, -(-s.model.n_layers // pc.pp))      # ZeRO-3 gathers one layer at a time
+    exposed = dp_exposed_seconds(pc.zero, naive, s.microbatches, t_rs, t_ag, t_mb, drain, late,
+                                 pp_nic, units)
+    return DataParallel(t_rs, t_ag, drain, late, pp_nic, exposed, units)
 
 
 @dataclass(frozen=True)
@@ -266,6 +294,13 @@ def pipeline_nic_seconds(s: Scenario) -> float:
     return s.seconds(busiest, "pp", "send", busiest / p2p_message_bytes(s))
 
 
+def recomputed_share(model: ModelConfig, pc: ParallelConfig, work: Workload) -> float:
+    """The share of the model's layers recomputed in full, over every pipeline rank and chunk
+    (`Workload.recomputed_layers`)."""
+    counts = stage_layer_counts(model.n_layers, pc.pp * pc.virtual_stages)
+    return work.recomputed_layers(counts) / model.n_layers
+
+
 def step_estimate(s: Scenario) -> Estimate:
     """The step of `s`: m micro-batches stretched by the bubble, the pipeline's exposed
     sends, and what is paid once per step; MFU and the rest follow."""
@@ -282,6 +317,9 @@ def step_estimate(s: Scenario) -> Estimate:
     step = t_pipeline + t_pp + extra.seconds
     mfu = flops.mfu(work.tokens / step, model, work.seq_len, peak, gpus)
     hfu = flops.hfu(work.tokens / step, model, work.seq_len, peak, gpus, work.recompute)
+    if work.recompute_layers is not None:    # only some layers redo their forward: their share
+        share = recomputed_share(model, pc, work)
+        hfu = mfu + share * (hfu - mfu)
     gb = {k: v / 1e9 for k, v in memory_per_gpu(model, pc, work, s.precision).items()}
     return Estimate(
         mfu=mfu, hfu=hfu, tflops_per_gpu=mfu * cluster.peak_tflops,

@@ -15,7 +15,7 @@ from ..formulas.data_parallel import dp_bytes
 from ..formulas.pipeline_parallel import pp_bytes
 from ..formulas.tensor_parallel import tp_wire_bytes_per_step
 from ..memory import BF16_MIXED, Precision
-from ..schedules import rank_layers
+from ..schedules import rank_layers, stage_layer_counts
 
 
 def pipeline_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
@@ -34,12 +34,24 @@ def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workl
     act = precision.act_bytes
     layers = rank_layers(model, pc.pp, pc.virtual_stages, stage)
     first, last = stage == 0, stage == pc.pp - 1
-    tp = tp_wire_bytes_per_step(model, b, s // pc.cp, pc.tp, pc.sp, m, layers=layers,
-                                first=first, last=last, act_bytes=act,
-                                param_bytes=precision.grad_bytes, recompute=work.recompute,
-                                norm_shards=pc.dp * pc.cp if pc.zero >= 1 else 1)
-    cp = cp_wire_bytes_per_step(model, b, s, pc.cp, pc.cp_impl, m, tp=pc.tp, n_layers=layers,
-                                dtype_bytes=act, recompute=work.recompute)
+    def tp_bytes(n_layers, recompute):
+        return tp_wire_bytes_per_step(model, b, s // pc.cp, pc.tp, pc.sp, m, layers=n_layers,
+                                      first=first, last=last, act_bytes=act,
+                                      param_bytes=precision.grad_bytes, recompute=recompute,
+                                      norm_shards=pc.dp * pc.cp if pc.zero >= 1 else 1)
+
+    def cp_bytes(n_layers, recompute):
+        return cp_wire_bytes_per_step(model, b, s, pc.cp, pc.cp_impl, m, tp=pc.tp,
+                                      n_layers=n_layers, dtype_bytes=act, recompute=recompute)
+    tp, cp = tp_bytes(layers, work.recompute), cp_bytes(layers, work.recompute)
+    if work.recompute_layers is not None:
+        # only the first N layers of each chunk redo their forward: the none-recompute bytes,
+        # and for those layers what the recomputed forward adds (the ends cancel)
+        counts = stage_layer_counts(model.n_layers, pc.pp * pc.virtual_stages)
+        redone = int(work.recomputed_layers([counts[c * pc.pp + stage]
+                                             for c in range(pc.virtual_stages)]))
+        tp = tp_bytes(layers, "none") + tp_bytes(redone, "full") - tp_bytes(redone, "none")
+        cp = cp_bytes(layers, "none") + cp_bytes(redone, "full") - cp_bytes(redone, "none")
     pp = pipeline_bytes(model, pc, work, precision, stage)
     params = local_param_count(model, pc.tp, layers, first, last)
     dp = dp_bytes(params, pc.dp * pc.cp, pc.zero, m, precision.reduce_bytes, precision.param_bytes)

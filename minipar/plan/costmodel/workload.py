@@ -24,6 +24,10 @@ class Workload:
     microbatch_size: int = 1
     recompute: str = "none"
     stage_split: str = "even"       # how layers go to pipeline stages (`stage_loads`)
+    # with recompute "full": the first N layers of each model chunk (a pipeline stage, or a
+    # virtual one) recomputed, the rest not (Megatron's --recompute-method block
+    # --recompute-num-layers N); None: every layer
+    recompute_layers: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -36,13 +40,35 @@ class Workload:
         """Tokens one GPU processes per micro-batch: its 1/cp of each sequence."""
         return self.microbatch_size * self.seq_len // parallel.cp
 
+    def recomputed_layers(self, chunk_layers) -> float:
+        """How many of a pipeline rank's layers (`chunk_layers`: those of each of its model
+        chunks) run their forward twice: all of them under full recomputation, the first
+        `recompute_layers` of each chunk with a layer count, none otherwise."""
+        if self.recompute != "full":
+            return 0.0
+        if self.recompute_layers is None:
+            return float(sum(chunk_layers))
+        return float(sum(min(self.recompute_layers, n) for n in chunk_layers))
+
 
 def make_workload(seq_len: int, global_batch_tokens: int | None = None,
                   global_batch: int | None = None, microbatch_size: int = 1,
-                  recompute: str = "none") -> Workload:
-    """The batch from either --global-batch-tokens or --global-batch (sequences)."""
+                  recompute: str = "none", recompute_layers: int | None = None) -> Workload:
+    """The batch from either --global-batch-tokens or --global-batch (sequences).
+    `recompute_layers` N (--recompute-layers): full recomputation of the first N layers of
+    each model chunk, Megatron's `--recompute-granularity full --recompute-method block
+    --recompute-num-layers N`: with --recompute none or full, never selective (Megatron:
+    "recompute_num_layers must be None" for selective granularity); 0 recomputes nothing."""
     if global_batch_tokens is not None and global_batch is not None:
         raise ConfigError("--global-batch-tokens and --global-batch are exclusive: give one")
+    if recompute_layers is not None:
+        if recompute == "selective":
+            raise ConfigError(f"--recompute-layers {recompute_layers} recomputes whole layers: it "
+                              "does not combine with --recompute selective (give one)")
+        if not recompute_layers >= 0:
+            raise ConfigError(f"--recompute-layers {recompute_layers} must be >= 0 (0: no layer)")
+        recompute = "full" if recompute_layers > 0 else "none"
+        recompute_layers = recompute_layers if recompute_layers > 0 else None
     if global_batch is None:
         tokens = TABLE4_BATCH_TOKENS if global_batch_tokens is None else global_batch_tokens
         bad = positive(seq_len=seq_len, global_batch_tokens=tokens)
@@ -51,7 +77,8 @@ def make_workload(seq_len: int, global_batch_tokens: int | None = None,
         if tokens % seq_len:
             raise ConfigError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {seq_len}")
         global_batch = tokens // seq_len
-    return Workload(seq_len, global_batch, microbatch_size, recompute)
+    return Workload(seq_len, global_batch, microbatch_size, recompute,
+                    recompute_layers=recompute_layers)
 
 
 def workload_problems(parallel: ParallelConfig, work: Workload) -> list[str]:
@@ -83,6 +110,7 @@ def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload
     # run a model whose config says 8K.
     long_model = replace(model, max_seq_len=max(model.max_seq_len, work.seq_len))
     layout = parallel.replace(recompute=work.recompute)   # the batch's recompute is the knob
+    out += recompute_layers_problems(model, parallel, work)
     for p in layout.problems(long_model, work.seq_len, work.global_batch, END_STAGES):
         if "microbatches" in p.values:       # this CLI has no --microbatches: say where it comes from
             p = Problem(f"{p} (micro-batches per DP rank = --global-batch {work.global_batch} / "
@@ -90,6 +118,22 @@ def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload
                         p.flag, p.rule, **p.values)
         out.append(p)
     return out
+
+
+def recompute_layers_problems(model: ModelConfig, parallel: ParallelConfig,
+                              work: Workload) -> list[Problem]:
+    """--recompute-layers N counts layers of one pipeline stage: 0 <= N <= the layers a
+    stage holds (Megatron: "recompute_num_layers must be between 1 and
+    num_layers_per_pipeline_rank"), never with selective recomputation."""
+    n, flag = work.recompute_layers, "--recompute-layers"
+    if n is None:
+        return []
+    most = -(-model.n_layers // max(parallel.pp, 1))
+    return [Problem(line, flag, rule, recompute_layers=n) for bad, rule, line in (
+        (work.recompute == "selective", "selective", f"{flag} {n} recomputes whole layers: it "
+         "does not combine with --recompute selective (give one)"),
+        (not 0 <= n <= most, "range", f"{flag} {n} must be in [0, {most}]: the layers of one "
+         f"pipeline stage (n_layers={model.n_layers} / --pp {parallel.pp})")) if bad]
 
 
 STAGE_SPLITS = ("even", "nanotron", "trainer")

@@ -5,11 +5,12 @@ Chapters: each file belongs to the chapter it is named after, read in the book's
 
     collectives.py         the bytes of each collective (ring)
     collective_time.py     alpha-beta times, the all-reduce algorithms (chapter "Collectives")
-    data_parallel.py       DP and ZeRO bytes per step, what each ZeRO stage shards
+    data_parallel.py       DP and ZeRO bytes per step, the buckets' all-reduces in time
     tensor_parallel.py     TP bytes per layer, embedding, head, loss and norms
-    pipeline_parallel.py   the stage split, the bubble of each schedule, p2p bytes, in flight
+    pipeline_parallel.py   the bubble of each schedule, p2p bytes
     context_parallel.py    ring, all-gather and Ulysses bytes
-    memory.py              parameters per GPU, activations saved per layer
+    memory.py              what each ZeRO stage keeps, activations saved per layer, the
+                           micro-batches a schedule keeps in flight
     failures.py            the checkpoint interval (Young, Daly) and the time it wastes
 
 (The parameter count and FLOPs of the model itself are `minipar.plan.flops`.) Pure arithmetic on

@@ -1,6 +1,8 @@
-"""The bytes data parallelism and ZeRO send per step, and what each ZeRO stage shards.
+"""The bytes data parallelism and ZeRO send per step, and when the buckets' all-reduces end.
 
-Chapter "Data parallelism". Torch-free, like every file of `minipar.plan.formulas`.
+Chapter "Data parallelism". Torch-free, like every file of `minipar.plan.formulas`. What
+each ZeRO stage shards, and so keeps per parameter, is a count of bytes held:
+`formulas.memory.zero_shards`, with the rest of the memory model's formulas.
 """
 from __future__ import annotations
 
@@ -56,19 +58,3 @@ def bucket_timeline(bucket_bytes, ready_s, n: int, alpha: float,
 def zero_padded_numel(numels, n: int) -> int:
     """Elements ZeRO moves for tensors of `numels` elements: each padded to a multiple of n."""
     return sum(math.ceil(k / n) * n for k in numels)
-
-
-def zero_shards(stage: int, n: int) -> dict[str, int]:
-    """Over how many ranks ZeRO `stage` splits each part of the training state: stage 1 the
-    optimizer state, stage 2 also the gradients, stage 3 also the parameters."""
-    return {"params": n if stage >= 3 else 1, "grads": n if stage >= 2 else 1,
-            "optimizer": n if stage >= 1 else 1}
-
-
-def zero_bytes_per_param(stage: int, n: int, param: float = 2, grad: float = 2,
-                         optimizer: float = 12) -> dict[str, float]:
-    """Bytes per parameter one rank holds at ZeRO `stage` over n ranks (the ZeRO paper's
-    2 + 2 + K, K = 12 for mixed-precision Adam: fp32 master weight, m and v)."""
-    shards = zero_shards(stage, n)
-    return {"params": param / shards["params"], "grads": grad / shards["grads"],
-            "optimizer": optimizer / shards["optimizer"]}

@@ -1,6 +1,8 @@
-"""Pipeline parallelism's closed forms: the bubble, the bytes, what is in flight.
+"""Pipeline parallelism's closed forms: the bubble and the bytes.
 
-Chapter "Pipeline parallelism". Torch-free, like every file of `minipar.plan.formulas`.
+Chapter "Pipeline parallelism". Torch-free, like every file of `minipar.plan.formulas`. How
+many micro-batches a schedule keeps in flight is a count of activations held:
+`formulas.memory.in_flight_chunks`, with the rest of the memory model's formulas.
 """
 from __future__ import annotations
 
@@ -52,40 +54,3 @@ def pp_bytes(tokens: int, dim: int, pp: int, microbatches: int, act_bytes: int,
     backward_sends = v - (1 if stage == 0 else 0)
     size = tokens * dim * act_bytes // sp_tp
     return microbatches * (forward_sends + backward_sends) * wire_bytes("send", pp, size)
-
-
-def in_flight_microbatches(schedule: str, pp: int, microbatches: int, stage: int = 0,
-                           virtual_stages: int = 1) -> float:
-    """Micro-batches whose activations pipeline rank `stage` holds at its peak, in units of
-    "one micro-batch through all of the rank's layers".
-
-    afab: all m. 1f1b and zb: the p - stage forwards before the first backward. Interleaved
-    (Megatron): N (v-1) + 2 (p-1-stage) + 1 chunk-forwards in flight, N = p, over v chunks:
-    p + (p-1)/v on the first rank.
-    """
-    m, p, v = microbatches, pp, virtual_stages
-    if p == 1:
-        return 1
-    if schedule == "afab":
-        return m
-    if schedule == "interleaved" and v > 1:
-        return sum(in_flight_chunks(schedule, p, m, stage, v)) / v
-    if schedule == "zb":      # W waits: every rank holds up to p (ZB-H1's memory bound)
-        return min(m, p)
-    return min(m, p - stage)
-
-
-def in_flight_chunks(schedule: str, pp: int, microbatches: int, stage: int = 0,
-                     virtual_stages: int = 1, consecutive: int | None = None) -> list[int]:
-    """Micro-batches in flight on each of pipeline rank `stage`'s chunks at its peak (the
-    first chunk of rank 0 holds the embedding, the last chunk of the last rank the head:
-    how many of *those* are in flight decides what they add). Interleaved: the warm-up's
-    forwards go chunk by chunk in groups of N = `consecutive` micro-batches (default p,
-    Megatron's order), so forward k belongs to chunk (k // N) mod v."""
-    m, p, v = microbatches, pp, virtual_stages
-    if schedule != "interleaved" or v == 1 or p == 1:
-        return [int(in_flight_microbatches(schedule, p, m, stage))] * v
-    n = p if consecutive is None else consecutive
-    total = min(n * (v - 1) + 2 * (p - 1 - stage) + 1, m * v)
-    group = min(m, n)
-    return [sum(1 for k in range(total) if (k // group) % v == c) for c in range(v)]

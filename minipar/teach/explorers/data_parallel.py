@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 
 from ...plan.config import PRESETS, ModelConfig
 from ...plan.flops import param_count
-from ...plan.formulas.data_parallel import zero_bytes_per_param
+from ...plan.formulas.memory import zero_bytes_per_param
 from ..figures.data_parallel import plot_zero_memory
 from ..widgets import choice, explorer, powers, slider
 

@@ -14,7 +14,8 @@ from matplotlib.patches import Rectangle
 
 from ...plan import traces
 from ...plan.config import ModelConfig
-from ...plan.formulas.data_parallel import bucket_timeline, zero_bytes_per_param, zero_shards
+from ...plan.formulas.data_parallel import bucket_timeline
+from ...plan.formulas.memory import zero_bytes_per_param, zero_shards
 from ...trainer.model import Transformer
 from ...trainer.parallel.data import make_buckets
 from .. import replays

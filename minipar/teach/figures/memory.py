@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 from ...plan.config import ModelConfig
 from ...plan.formulas.memory import layer_saved_breakdown
-from ...plan.formulas.pipeline_parallel import in_flight_chunks
+from ...plan.formulas.memory import in_flight_chunks
 from ...plan.memory import BF16_MIXED, FP32
 from ..numbers.memory import budgets
 from ..style import BLUE, COLORS, GREEN, ORANGE, PAGE_WIDTH, PURPLE, lighter, stacked_bars

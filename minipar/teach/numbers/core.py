@@ -15,10 +15,16 @@ is not its key.
 Facts about Llama 3 say where they come from (`evidence`): the paper reports it, the book
 derives it from what the paper reports, or it is an assumption the book makes. The page
 marks each such number, and the preface explains the marks.
+
+A cost model's MFU is never stated alone: `predicted` writes it to the whole percent with
+its band, the range published runs of the same stack fell in around such predictions
+(`costmodel.band`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ...plan.costmodel.band import band_note, mfu_band
 
 EVIDENCE = {
     "paper": "reported by the Llama 3 paper",
@@ -58,6 +64,29 @@ class Number:
 
     def text(self) -> str:
         return self.fmt.format(self.value)
+
+
+@dataclass(frozen=True)
+class Predicted(Number):
+    """A cost-model MFU with its band: the prediction to the whole percent and the range
+    published runs of the same stack fell in around such predictions, "68% (63 to 73%)".
+    `value` stays the predicted MFU (a fraction), as any other Number's; `low` and `high` are
+    the band's ends (`costmodel.band.mfu_band`)."""
+    low: float = 0.0
+    high: float = 0.0
+
+    def text(self) -> str:
+        return f"{self.fmt.format(self.value)} ({100 * self.low:.0f} to {self.high:.0%})"
+
+
+def predicted(mfu: float, framework: str | None, source: str,
+              evidence: str | None = None) -> Predicted:
+    """A cost model's predicted MFU, never stated without its band: `framework` is the stack
+    the estimate ran under (None: the default Llama 3 efficiency, no framework; the band is
+    then every evaluation row's), `source` the function that predicted it."""
+    low, high = mfu_band(mfu, framework)
+    return Predicted(mfu, "{:.0%}", evidence, f"{source}; band: {band_note(framework)}",
+                     low=low, high=high)
 
 
 def paper(value, fmt: str = "{:,}", source: str = "", quantity: str = "") -> Number:

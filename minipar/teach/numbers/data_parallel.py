@@ -12,10 +12,10 @@ from ...plan.config import ModelConfig, ParallelConfig
 from ...plan.costmodel import LLAMA3_CLUSTER, estimate
 from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
 from ...plan.costmodel.table4 import TABLE4
-from ...plan.formulas.data_parallel import zero_bytes_per_param
+from ...plan.formulas.memory import zero_bytes_per_param
 from ...trainer.parallel.data import FIRST_BUCKET_MB
 from .. import replays
-from .core import Number, derived, from_replay, paper, replayed_ms
+from .core import Number, derived, from_replay, paper, predicted, replayed_ms
 
 
 @cache
@@ -42,8 +42,8 @@ def _sharded_gradients() -> dict[str, Number]:
                                     source="cost model, ZeRO-2: a reduce-scatter per micro-batch"),
         "row1_dp_s_zero1": derived(z1.time_breakdown_s["dp"], "{:.1f} s", source="cost model"),
         "row1_dp_s_zero2": derived(z2.time_breakdown_s["dp"], "{:.1f} s", source="cost model"),
-        "row1_mfu_zero1": derived(z1.mfu, "{:.0%}", source="cost model, ZeRO-1"),
-        "row1_mfu_zero2": derived(z2.mfu, "{:.0%}", source="cost model, ZeRO-2"),
+        "row1_mfu_zero1": predicted(z1.mfu, None, "cost model, ZeRO-1", "derived"),
+        "row1_mfu_zero2": predicted(z2.mfu, None, "cost model, ZeRO-2", "derived"),
         "row1_mfu_paper": paper(row.mfu, "{:.0%}", source="Table 4"),
     }
 

@@ -12,16 +12,19 @@ from functools import cache
 from ...plan import costmodel as cm
 from ...plan.config import ModelConfig, ParallelConfig
 from ...plan.costmodel import rules
-from ...plan.costmodel.calibration import (PLAYBOOK_MODELS, flop_count_agreement,
-                                           heatmap_cells, held_out_runs, playbook_flops_ratio,
-                                           playbook_mfu_ratios, playbook_runs)
-from ...plan.costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, layout_order, order_kept,
-                                        residuals, summary as evaluate_summary)
+from ...plan.costmodel.band import MIN_ROWS, band_errors
+from ...plan.costmodel.calibration import (MFU_FLOOR, PLAYBOOK_MODELS, flop_count_agreement,
+                                           heatmap_cells, held_out_runs, nemo_runs,
+                                           playbook_flops_ratio, playbook_mfu_ratios,
+                                           playbook_runs)
+from ...plan.costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, by_source, evaluated_runs,
+                                        layout_order, order_kept, residuals,
+                                        summary as evaluate_summary)
 from ...plan.costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                        memory_budget_gb, plan)
 from ...plan.flops import flops_per_token, param_count
 from ...plan.memory import BF16_MIXED
-from .core import Number, assumed, derived
+from .core import Number, assumed, derived, predicted
 
 _EVAL = "python -m minipar.costmodel.evaluate"
 _RULES = "costmodel.rules on Llama 3's cluster"
@@ -53,8 +56,8 @@ PLAN_EXERCISE = dict(model="llama3-70b", gpu="h100", gpus=256, seq_len=8192,
 
 
 def numbers() -> dict[str, Number]:
-    return {**_fit(), **_held_out(), **_layout_order(), **_rule1(), **_headroom(), **_rules(),
-            **_plans(), **_exercise()}
+    return {**_fit(), **_sources(), **_band(), **_held_out(), **_layout_order(), **_rule1(),
+            **_headroom(), **_rules(), **_plans(), **_exercise()}
 
 
 def _fit() -> dict[str, Number]:
@@ -91,6 +94,43 @@ def _fit() -> dict[str, Number]:
     return out
 
 
+# The evaluation's sources (`PublishedRun.source`), by the short name their keys use.
+SOURCES = {"llama3-paper-table4": "table4", "ultrascale-playbook-heatmap": "playbook",
+           "nvidia-dgxc-benchmarking": "nemo"}
+BAND_KINDS = ("llama3", "nanotron", "nemo", "all")     # the stacks the chapter states, and all
+
+
+def _sources() -> dict[str, Number]:
+    """Each evaluation source's summary (`evaluate.evaluation()["sources"]`: `by_source` of
+    every row, NeMo's recipes included), over the rows that are not memory-bound."""
+    runs = evaluated_runs()
+    src = _EVAL + ": evaluation()['sources']"
+    out = {"n_nemo": Number(len(nemo_runs()), source="data/nemo_recipes.csv, calibration.nemo_runs"),
+           "n_evaluated": Number(len(runs), source="evaluate.evaluated_runs")}
+    for source, s in by_source(runs, residuals(runs)).items():
+        name = SOURCES.get(source, source.split("-")[0])
+        out.update({f"src_{name}_rows": Number(s["rows_not_memory_bound"], source=src),
+                    f"src_{name}_mean": Number(s["mean_abs_error"], "{:.1f}", source=src),
+                    f"src_{name}_bias": Number(s["mean_signed_error"], "{:+.1f}", source=src),
+                    f"src_{name}_worst": Number(s["worst_abs_error_not_memory_bound"], "{:.1f}",
+                                                source=src)})
+    return out
+
+
+def _band() -> dict[str, Number]:
+    """The rows and the signed errors (MFU points) each stack's band is made of
+    (`costmodel.band.band_errors`; "all": every row's, for a prediction without a stack)."""
+    out = {"band_min_rows": Number(MIN_ROWS, source="costmodel.band.MIN_ROWS")}
+    for kind in BAND_KINDS:
+        # a stack with fewer than MIN_ROWS rows would take every row's: the source says so
+        used, errors = band_errors(None if kind == "all" else kind)
+        src = f"costmodel.band.band_errors({kind!r}): {used}'s rows"
+        out.update({f"band_{kind}_rows": Number(len(errors), source=src),
+                    f"band_{kind}_min": Number(min(errors), "{:+.1f}", source=src),
+                    f"band_{kind}_max": Number(max(errors), "{:+.1f}", source=src)})
+    return out
+
+
 def published_step_seconds(run) -> float:
     """A published run's step time, read back from its MFU (in minipar's FLOP count)."""
     tokens = run.work.global_batch * run.work.seq_len
@@ -116,7 +156,7 @@ def _flop_count() -> dict[str, Number]:
     tol = 0.02
     return {"conv_runs": Number(len(playbook_mfu_ratios()), source=src),
             "conv_tol": Number(tol, "{:.0%}", source="the agreement asked for"),
-            "conv_floor": Number(playbook_mfu_ratios.__defaults__[1], "{:.0%}",
+            "conv_floor": Number(MFU_FLOOR, "{:.0%}",
                                  source="calibration.playbook_mfu_ratios' floor"),
             "conv_within": derived(flop_count_agreement(tol), "{:.0%}", source=src),
             "conv_plain": derived(flop_count_agreement(tol, corrected=False), "{:.0%}", source=src),
@@ -252,16 +292,16 @@ def _plans() -> dict[str, Number]:
         p = _plan405(gpus)
         rank = _table4_rank(p, dp)
         out.update({f"{key}_best": Number(describe(p.ranked[0]), "{}", source=_PLAN),
-                    f"{key}_best_mfu": Number(p.ranked[0].mfu, "{:.1%}", source=_PLAN),
-                    f"{key}_fifth_mfu": Number(p.ranked[4].mfu, "{:.1%}", source=_PLAN),
+                    f"{key}_best_mfu": predicted(p.ranked[0].mfu, None, _PLAN),
+                    f"{key}_fifth_mfu": predicted(p.ranked[4].mfu, None, _PLAN),
                     f"{key}_count": Number(len(p.ranked), source=_PLAN),
                     f"{key}_t4_rank": Number(rank, source=_PLAN),
                     f"{key}_t4": Number(describe(p.ranked[rank - 1]), "{}", source=_PLAN),
-                    f"{key}_t4_mfu": Number(p.ranked[rank - 1].mfu, "{:.1%}", source=_PLAN)})
+                    f"{key}_t4_mfu": predicted(p.ranked[rank - 1].mfu, None, _PLAN)})
     for key, pair in (("p70", "70B"), ("p8b", "8B")):
         best = worked_plan(pair)
         out.update({f"{key}_best": Number(describe(best), "{}", source=_PLAN),
-                    f"{key}_mfu": Number(best.mfu, "{:.1%}", source=_PLAN),
+                    f"{key}_mfu": predicted(best.mfu, None, _PLAN),
                     f"{key}_gpus": Number(WORKED[pair][2], source="the worked example")})
     return out
 

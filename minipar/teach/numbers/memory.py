@@ -17,7 +17,7 @@ from ...plan.costmodel.memory import fullest_stage, memory_of_rank
 from ...plan.costmodel.table4 import table4
 from ...plan.flops import layer_param_count, param_count
 from ...plan.formulas.memory import activation_elements, layer_saved_elements
-from ...plan.formulas.pipeline_parallel import in_flight_chunks
+from ...plan.formulas.memory import in_flight_chunks
 from ...plan.memory import BF16_MIXED, FP32, layer_bytes
 from ...plan.schedules import stage_layer_counts
 from .core import Number, assumed, derived, paper
@@ -127,7 +127,7 @@ def _budget() -> dict[str, Number]:
         "hbm_gb": derived(HBM_GIB * GIB / 1e9, "{:.1f} GB", source="80 GiB in decimal GB"),
         "nvidia_smi_mib": assumed(NVIDIA_SMI_MIB, "{:,} MiB", source="nvidia-smi on an H100 SXM 80GB"),
         "fullest_stage": derived(rows[0]["stage"], "{}", source="costmodel.memory.fullest_stage"),
-        "first_chunk_flight": derived(rows[0]["first_chunk_flight"], source="formulas.pipeline_parallel.in_flight_chunks"),
+        "first_chunk_flight": derived(rows[0]["first_chunk_flight"], source="formulas.memory.in_flight_chunks"),
         "zero1_grads_gb": derived(rows[0][1]["grads"] / 1e9, "{:.1f} GB",
                                   source="costmodel.memory: fp32 gradients, whole"),
     }
@@ -141,7 +141,7 @@ def _budget() -> dict[str, Number]:
                                            source="80 GiB minus the ZeRO-2 total")
         out[f"row{i}_acts_gb"] = derived(r[2]["activations"] / 1e9, "{:.0f} GB",
                                          source="costmodel.memory.activation_bytes")
-        out[f"row{i}_layer_mb"] = derived(r["layer_mb"], source="formulas.pipeline_parallel.in_flight_chunks")
+        out[f"row{i}_layer_mb"] = derived(r["layer_mb"], source="formulas.memory.in_flight_chunks")
         out[f"row{i}_per_layer_mb"] = derived(r["per_layer_mb"] / 1e6, "{:.0f} MB",
                                               source="Korthikanti's count x 8K tokens, bf16")
     return out

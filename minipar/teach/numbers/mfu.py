@@ -17,7 +17,7 @@ from ...plan.costmodel.time import dp_terms, microbatch_seconds
 from ...plan.datasheets import SHEETS
 from ...plan.flops import attention_flops_per_token, dense_flops_per_token, flops_per_token
 from ...runtime.topology import straddling_replicas
-from .core import Number, derived, measured
+from .core import Number, derived, measured, predicted
 
 _CM = "cost model (costmodel.table4), Table 4 row {}"
 _PARTS = ("compute", "tp", "cp", "bubble", "pp", "dp", "optimizer")
@@ -38,7 +38,7 @@ def _row(i: int, row, e) -> dict[str, Number]:
         row.gpus * row.tflops_per_gpu * 1e12)
     out.update({
         p + "step_s": derived(e.step_time_s, "{:.2f} s", src),
-        p + "mfu_model": derived(e.mfu, "{:.1%}", src + ", PaLM's convention"),
+        p + "mfu_model": predicted(e.mfu, "llama3", src + ", PaLM's convention", "derived"),
         p + "tflops_model": derived(e.tflops_per_gpu, "{:.0f} TFLOP/s", src),
         p + "bubble_frac": derived(e.bubble_fraction, "{:.1%}", src + ", formulas.pipeline_parallel.bubble_fraction"),
         p + "microbatches": derived(e.microbatches, "{:,}", "16M tokens / (DP x seq)"),
@@ -68,8 +68,8 @@ def _table4_numbers() -> dict[str, Number]:
         "max_gap_pts": derived(max(100 * abs(e.mfu - r.mfu) for r, e in rows), "{:.1f}", "worst row"),
         "gaps_signed": derived(", ".join(f"{100 * (e.mfu - r.mfu):+.1f}" for r, e in rows), "{}",
                                "predicted - published, rows 1-3"),
-        "bubble_only_mfu": derived(e1.mfu * (1 - b2) / (1 - b1), "{:.1%}",
-                                   "row 1's MFU with row 2's bubble"),
+        "bubble_only_mfu": predicted(e1.mfu * (1 - b2) / (1 - b1), "llama3",
+                                     "row 1's MFU with row 2's bubble", "derived"),
         "tp_over_dp": derived(e1.comm_bytes_per_gpu["tp"] / e1.comm_bytes_per_gpu["dp"], "{:.0f}",
                               "row 1: TP bytes / DP bytes"),
         "row1_dp_wire_s": derived(cm.wire_seconds(e1, "dp", cm.LLAMA3_CLUSTER), "{:.2f} s",
@@ -163,7 +163,7 @@ def _constants() -> dict[str, Number]:
     out["n_runs"] = Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv")
     for name in cm.FRAMEWORKS:
         e = _table4(name)[0][1]
-        out[f"row1_mfu_{name}"] = derived(e.mfu, "{:.1%}", f"costmodel.table4('{name}'), row 1")
+        out[f"row1_mfu_{name}"] = predicted(e.mfu, name, f"costmodel.table4('{name}'), row 1", "derived")
     for i, (row, e) in enumerate(slowest_kernels_table4(), 1):
         out[f"slow_gap_{i}"] = derived(100 * (e.mfu - row.mfu), "{:.1f}",
                                        "Table 4 under the llama3 stack with the slowest kernels measured")
@@ -194,11 +194,11 @@ def _memory() -> dict[str, Number]:
     out = {f"mem_{k}_gb": derived(v, "{:.1f} GB", src) for k, v in est["none"].memory_breakdown_gb.items()}
     for r in ("selective", "full"):
         out[f"{r}_gb"] = derived(est[r].memory_gb_per_gpu, "{:.1f} GB", src + f", recompute {r}")
-        out[f"{r}_mfu"] = derived(est[r].mfu, "{:.1%}", src + f", recompute {r}")
-        out[f"{r}_hfu"] = derived(est[r].hfu, "{:.1%}", src + f", recompute {r}")
+        out[f"{r}_mfu"] = predicted(est[r].mfu, None, src + f", recompute {r}", "derived")
+        out[f"{r}_hfu"] = derived(est[r].hfu, "{:.0%}", src + f", recompute {r}")
     out.update({
         "in_flight": derived(cm.in_flight_microbatches("interleaved", row1.pp, est["none"].microbatches, 0, 8),
-                             "{:.1f}", "formulas.pipeline_parallel.in_flight_microbatches"),
+                             "{:.1f}", "formulas.memory.in_flight_microbatches"),
         "act_kb_token_layer": derived(cm.activation_elements(m, row1.tp, True, "none") * 2 / 1e3, "{:.0f} kB",
                                       "formulas.memory.activation_elements, TP8 + SP, bf16"),
     })
@@ -226,7 +226,7 @@ def _search() -> dict[str, Number]:
     out = {
         "search_fit": derived(len(found), "{:,}", src),
         "search_best": derived(layout_name(best), "{}", src),
-        "search_best_mfu": derived(best.mfu, "{:.1%}", src),
+        "search_best_mfu": predicted(best.mfu, "llama3", src, "derived"),
         "search_best_recompute": derived(best.workload.recompute, "{}", src),
         "search_best_mbs": derived(best.workload.microbatch_size, "{}", src),
     }
@@ -234,12 +234,12 @@ def _search() -> dict[str, Number]:
         e = found[llama[0]]
         out.update({"search_llama_rank": derived(llama[0] + 1, "{}", src),
                     "search_llama_recompute": derived(e.workload.recompute, "{}", src),
-                    "search_llama_mfu": derived(e.mfu, "{:.1%}", src),
+                    "search_llama_mfu": predicted(e.mfu, "llama3", src, "derived"),
                     "search_gap_pts": derived(100 * (best.mfu - e.mfu), "{:.1f}", src + ": best - Llama 3's")})
     none = [e for e in found if e.workload.recompute == "none"]
     if none:
         out.update({"search_none_best": derived(layout_name(none[0]), "{}", src + ", no recomputation"),
-                    "search_none_mfu": derived(none[0].mfu, "{:.1%}", src + ", no recomputation"),
+                    "search_none_mfu": predicted(none[0].mfu, "llama3", src + ", no recomputation", "derived"),
                     "search_none_rank": derived(found.index(none[0]) + 1, "{}", src)})
     return out
 

@@ -10,7 +10,7 @@ from ...plan.formulas.pipeline_parallel import bubble_fraction
 from ...plan.schedules import split_layers
 from ...plan.schedules import Action, make_schedule, simulate
 from .. import replays
-from .core import Number, assumed, derived, from_replay, two_digits
+from .core import Number, assumed, derived, from_replay, predicted, two_digits
 
 P, M, V, T_COMM = 4, 8, 2, 0.2      # the chapter's interleaved example, with a transfer time
 
@@ -109,7 +109,7 @@ def _llama3_replayed() -> dict[str, Number]:
         "l3_tp_exposed": from_replay(two_digits(run.exposed_s["tp"]), "{:g} s", src),
         "l3_pp_exposed": from_replay(two_digits(run.exposed_s["pp"]), "{:g} s", src),
         "l3_model_step": derived(two_digits(est.step_time_s), "{:g} s", model),
-        "l3_model_mfu": derived(est.mfu, "{:.0%}", model),
+        "l3_model_mfu": predicted(est.mfu, "llama3", model, "derived"),
         "l3_model_bubble": derived(est.bubble_fraction, "{:.0%}", model),
         "l3_model_dp": derived(two_digits(est.time_breakdown_s["dp"]), "{:g} s", model),
         "l3_model_tp": derived(two_digits(est.time_breakdown_s["tp"]), "{:g} s", model),
