@@ -355,7 +355,8 @@ class TrainConfig:
     fail_rank: int | None = opt(None, "the rank --fail-at-step kills (default 0)", type=int)
     max_restarts: int = opt(0, "on a failure, restart from --save's last checkpoint, up to N times")
     skip_nonfinite: bool = opt(False, "skip (no update) a step whose loss or grad norm is NaN "
-                                      "or inf instead of stopping the run: exit 1, naming the step")
+                                      "or inf instead of stopping the run, at most 3 in a row (a "
+                                      "4th ends it: exit 1); non-finite weights are never saved")
     stop_grace_s: float = opt(30.0, "on SIGTERM (Ctrl-C: at most 5): seconds to finish the step "
                                     "and (with --save) checkpoint before the ranks are killed")
     resume_allow_change: bool = opt(False, "let --resume change the checkpoint's --seq-len, "

@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from ..plan.config import ConfigError, ModelConfig
 from ..trainer import comm
+from ..trainer.model import Transformer
 from ..trainer.placement import Shard, local_index, placements
 
 FORMAT = "minipar-checkpoint/1"
@@ -106,6 +107,24 @@ def claim(root: str):
     mark.truncate(0)
     print(f"minipar --save, pid {os.getpid()}", file=mark, flush=True)
     return mark
+
+
+def held_by(root: str) -> str | None:
+    """Who holds `root` (`claim`: a live run saving into it, its MARK's line), or None. A run
+    that resumes from a directory another run is writing would read `latest` while it moves
+    (its ranks at different steps): `run.resume_dir` refuses it. Asked by taking a shared
+    lock for a moment: it fails only while an owner holds the exclusive one."""
+    try:
+        mark = open(os.path.join(root, MARK))
+    except OSError:        # no MARK (not a --save directory), or not readable: no owner known
+        return None
+    with mark:
+        try:
+            fcntl.flock(mark, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return mark.read().strip() or "another run"
+        fcntl.flock(mark, fcntl.LOCK_UN)
+    return None
 
 
 def step_dir_name(step: int) -> str:
@@ -173,18 +192,81 @@ def read_manifest(step_dir: str) -> dict:
         if name not in manifest["files"]:
             raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} is not in "
                                   "its manifest")
+    check_manifest(manifest, where)
     return manifest
+
+
+# ================================================================ a manifest, as a whole
+# Whoever wrote a checkpoint, its manifest is checked as a whole before any process starts:
+# the layout against the rank files, their names, the model's fields, each refusal one line
+# naming the field (`key.sub`).
+AXES = ("tp", "cp", "pp", "dp")
+KINDS = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
+
+
+def check_manifest(manifest: dict, where: str) -> None:
+    """Every file a plain name in the directory; `layout` counts whose product is
+    `world_size`, one `rank_N.pt` per rank listing its tensor `names`; `model` a model
+    minipar builds (`manifest_model`)."""
+    files, layout, world = manifest["files"], manifest["layout"], manifest["world_size"]
+
+    def need(ok: bool, field: str, rule: str):
+        if not ok:
+            raise CheckpointError(f"{where}: `{field}` {rule}")
+    for name in files:      # no "..", nothing absolute, nothing under another directory
+        need(name not in ("", ".", "..") and "/" not in name, "files",
+             f"names {name!r}, not a file of the checkpoint")
+    need(manifest["step"] >= 0, "step", "is negative")
+    for k in (*AXES, "zero"):
+        need(type(layout.get(k)) is int and layout[k] >= (k != "zero"), f"layout.{k}",
+             f"is {layout.get(k)!r}, not a count")
+    ranks = math.prod(layout[k] for k in AXES)
+    need(ranks == world, "layout", f"{' x '.join(f'{k}={layout[k]}' for k in AXES)} is {ranks} "
+         f"ranks, but `world_size` is {world}")
+    want = [f"rank_{r:05d}.pt" for r in range(world)]
+    need(sorted(n for n in files if n.startswith("rank_")) == want, "files",
+         f"does not list one file per rank, rank_00000.pt to {want[-1]}")
+    for r, name in enumerate(want):
+        names = files[name].get("names")
+        need(isinstance(names, list) and all(isinstance(n, str) for n in names),
+             f"files.{name}.names", "is missing or not a list of tensor names")
+        need(files[name].get("rank", r) == r, f"files.{name}.rank", f"is not {r}")
+    need(isinstance(manifest["train"].get("init_hf") or "", str), "train.init_hf",
+         "is not a directory name")
+    manifest_model(manifest, where)
+
+
+def manifest_model(manifest: dict, where: str) -> ModelConfig:
+    """The model a manifest describes: each field one of `ModelConfig`'s, of its type (one it
+    leaves out, that the checkpoint predates, has its default), the architecture's rules
+    kept. Another version's field, or a damaged file's, is named, never a TypeError."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for k, v in manifest["model"].items():
+        kind = type(getattr(ModelConfig, k, None))      # every field has a default, of its type
+        if k not in fields or not (type(v) is kind or kind is float and type(v) is int) or \
+                kind is float and not math.isfinite(v):
+            raise CheckpointError(f"{where}: `model.{k}` " + (
+                f"is {v!r}, not {KINDS[kind]}" if k in fields else
+                "is not a field of minipar's model (another version's checkpoint, or damaged)"))
+    if problems := (model := ModelConfig(**manifest["model"])).problems():
+        raise CheckpointError(f"{where}: `model`: {problems[0]}")
+    return model
 
 
 def check_files(step_dir: str, manifest: dict) -> None:
     """Every file the manifest lists is there, with its size and its SHA-256, before any
     rank starts: a rank file whose rank holds no tensors is verified too, and a damaged one
     costs no start-up. Sizes first (cheap: a missing or truncated file is named without
-    reading anything), then the checksums, a file at a time."""
+    reading anything), then the checksums, a file at a time. A file that is a symlink out
+    of the directory is refused: a checkpoint is what its directory holds."""
+    real_dir = os.path.realpath(step_dir)
     for name, info in manifest["files"].items():
         path = os.path.join(step_dir, name)
         if not os.path.isfile(path):
             raise CheckpointError(f"checkpoint file {path} is missing")
+        if os.path.dirname(os.path.realpath(path)) != real_dir:
+            raise CheckpointError(f"checkpoint file {path} is a link to "
+                                  f"{os.path.realpath(path)}, outside the checkpoint")
         if os.path.getsize(path) != info["bytes"]:
             raise CheckpointError(f"checkpoint file {path} is {os.path.getsize(path)} bytes, the "
                                   f"manifest says {info['bytes']} (truncated or overwritten)")
@@ -226,7 +308,87 @@ def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
     if manifest["step"] > steps:
         raise CheckpointError(f"--resume {path}: the checkpoint is at step {manifest['step']}, "
                               f"beyond --steps {steps}")
+    check_contents(step_dir, manifest, model)
     return manifest
+
+
+def check_contents(step_dir: str, manifest: dict, model: ModelConfig) -> dict:
+    """Every file's contents against the manifest and `model`, before any rank reads them;
+    returns the full weights (`full_state`). The rank files and rng.pt are unpickled as the
+    ranks will (`load_torch`): a refused pickle is one line here, not a traceback in a
+    rank. Why unpickle rather than scan the pickles' opcodes (`pickletools`) for globals
+    outside an allowed set: this is the very unpickler the ranks use (torch's weights_only
+    one), so the check and the load cannot disagree, and no second allow-list has to
+    follow torch's; the price, reading the files twice, is small for minipar's checkpoints
+    (at Llama 3's scale one would scan the opcodes). Each slice is one of `model`'s
+    parameters, cut as the layout says (`check_entry`), the manifest's `names` its file's,
+    and together they fill every parameter; history.jsonl is JSON objects."""
+    with torch.device("meta"):      # every parameter's shape, no memory (a tied head: none)
+        want = {n: list(p.shape) for n, p in Transformer(model, seed=None).named_parameters()
+                if not (model.tie_embeddings and n == "lm_head.weight")}
+    cut, entries = {}, []
+    for name in sorted(n for n in manifest["files"] if n.startswith("rank_")):
+        where = f"checkpoint file {os.path.join(step_dir, name)}"
+        data = load_torch(step_dir, name, manifest)
+        mine = data.get("entries") if isinstance(data, dict) else None
+        for e in mine if isinstance(mine, list) else [None]:
+            entries.append(e := check_entry(e, want, manifest["layout"]["tp"], where))
+            # a parameter's slices cut alike (`full_tensor`, `_restore` read the first's)
+            if cut.setdefault(e["name"], e["how"]) != e["how"]:
+                raise CheckpointError(f"{where}: {e['name']} is cut unlike its other slices")
+        if differ := {e["name"] for e in mine} ^ set(manifest["files"][name]["names"]):
+            raise CheckpointError(f"{where}: its tensors are not its manifest's `names` "
+                                  f"({min(differ)})")
+    try:
+        state = full_state(entries)      # coverage: every element of every parameter
+    except (RuntimeError, IndexError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {step_dir}: its slices do not make the model's "
+                              f"tensors: {str(e).splitlines()[0]}") from None
+    if missing := sorted(set(want) - set(state)):
+        raise CheckpointError(f"checkpoint {step_dir}: {missing[0]} is in no file")
+    states = load_torch(step_dir, RNG, manifest)
+    if not (isinstance(states, list) and len(states) == manifest["world_size"] and all(
+            isinstance(r, dict) and type(r.get("cpu")) is torch.Tensor
+            and r["cpu"].shape == torch.get_rng_state().shape and r["cpu"].dtype == torch.uint8
+            for r in states)):
+        raise CheckpointError(f"checkpoint file {os.path.join(step_dir, RNG)} does not hold "
+                              "a CPU generator state for each rank")
+    try:
+        if not all(isinstance(json.loads(x), dict) for x in
+                   read_verified(step_dir, HISTORY, manifest).splitlines() if x):
+            raise ValueError("a line is not an object")
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint file {os.path.join(step_dir, HISTORY)} is not JSON "
+                              f"objects: {str(e).splitlines()[0]}") from None
+    return state
+
+
+ENTRY = {"name": str, "shape": list, "start": int, "stop": int, "tp_rank": int, "tp_size": int,
+         "param": torch.Tensor}
+
+
+def check_entry(e, want: dict, tp: int, where: str) -> dict:
+    """One saved slice (`shard_entries`) is one of `want`'s parameters: its shape the
+    whole's cut along `tp_dim` into the layout's `tp` shards, its tensors 1-D and as long as
+    its flat range, AdamW's state whole. Returns it without AdamW's state, with `how` it is
+    cut (along which dim, into how many shards, with which state)."""
+    name = e.get("name") if isinstance(e, dict) else None
+    if name not in want or not all(type(e.get(k)) is t for k, t in ENTRY.items()) or \
+            "tp_dim" not in e:
+        raise CheckpointError(f"{where}: {name!r} is not a slice of a parameter of the "
+                              "manifest's model")
+    shape, dim, adam = list(e["shape"]), e["tp_dim"], tuple(k for k in ADAM if k in e)
+    if type(dim) is int and 0 <= dim < len(shape) and type(shape[dim]) is int:
+        shape[dim] *= e["tp_size"]
+    if shape != want[name] or e["tp_size"] != (tp if dim is not None else 1):
+        raise CheckpointError(f"{where}: {name} is {shape} in the file (tp_size {e['tp_size']}"
+                              f"), the manifest's model makes it {want[name]} (tp {tp})")
+    if any(type(e[k]) is not torch.Tensor or e[k].shape != (e["stop"] - e["start"],)
+           for k in ("param", *adam)) or adam and (adam != ADAM or type(e.get("adam_step"))
+                                                     not in (int, float)):
+        raise CheckpointError(f"{where}: {name}: its tensors are not its elements "
+                              f"{e['start']}:{e['stop']}, or AdamW's state is incomplete")
+    return {**{k: v for k, v in e.items() if k not in ADAM}, "how": (dim, e["tp_size"], adam)}
 
 
 # What a step *means*: the tokens it reads are a pure function of these (and of the step).
@@ -365,8 +527,14 @@ def load_torch(step_dir: str, name: str, manifest: dict):
         # weights_only: tensors, numbers, strings, lists and dicts, never arbitrary code
         return torch.load(io.BytesIO(data), weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} "
-                              f"cannot be loaded: {e}") from None
+        # torch's message is a paragraph; the line that says why is its unpickler's
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()] or [type(e).__name__]
+        why = next((x.split("error: ", 1)[-1] for x in lines[1:]
+                    if "GLOBAL" in x or "Unpickler error" in x), "not only tensors and data")
+        said = (f"is refused: its pickle is not plain data ({why.split('. ')[0].rstrip('.')}): "
+                "a crafted or foreign file" if lines[0].startswith("Weights only load failed")
+                else f"cannot be loaded: {lines[0]}")
+        raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} {said}") from None
 
 
 def _rng_state() -> dict:
@@ -382,17 +550,28 @@ def save(root: str, step: int, chunks, dp, optimizer, grid, cfg, history: list[d
 
     Each rank writes its own file into a temporary directory; rank 0, once every rank has
     reported its file's size and checksum, writes the manifest, renames the directory into
-    place and points `latest` at it.
+    place and points `latest` at it. Weights that are not finite are refused first, on
+    every rank alike (`CheckpointError`, nothing written).
     """
     final = os.path.join(root, step_dir_name(step))
     tmp = final + ".tmp"
+    entries = list(shard_entries(chunks, dp, optimizer, grid, cfg.model_config()))
     with comm.paused():
+        # weights that are NaN or inf (a run that --skip-nonfinite kept going) are never
+        # saved: they would become `latest`, and every resume and restart would start from them
+        bad = next((e["name"] for e in entries for k in ("param", *ADAM)
+                    if k in e and not torch.isfinite(e[k]).all()), None)
+        every = [None] * grid.world_size
+        dist.all_gather_object(every, bad)
+        if name := next((n for n in every if n), None):
+            raise CheckpointError(f"--save {root}: not saving step {step}: the weights are not "
+                                  f"finite ({name} holds NaN or inf); the latest checkpoint is "
+                                  f"still {latest(root) or 'none'}")
         if grid.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)     # left by a save that crashed
             os.makedirs(tmp)                           # (and `root`, the first time)
         dist.barrier()
         name = f"rank_{grid.rank:05d}.pt"
-        entries = list(shard_entries(chunks, dp, optimizer, grid, cfg.model_config()))
         info = _write_shard(os.path.join(tmp, name), entries, grid)
         reports = [None] * grid.world_size
         dist.all_gather_object(reports, (name, info, _rng_state()))

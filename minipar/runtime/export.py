@@ -11,6 +11,8 @@ at the end of a run (`hf.export_run`): the ranks' slices are gathered to rank 0 
 read from files. The trainer imports `hf`, never this command.
 """
 
+import os
+import signal
 import sys
 
 import torch
@@ -18,20 +20,40 @@ import torch
 from ..plan.config import ConfigError, ModelConfig
 from ..plan.flags import Parser
 from . import checkpoint
-from .hf import save_pretrained
+from .hf import WriteError, check_model_memory, save_pretrained
 
 PROG = "python -m minipar.export"
 
 
 def checkpoint_state(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
     """(model, full state dict, manifest) of a saved checkpoint, in whatever layout it was
-    saved. Every file is checked against the manifest's checksums as it is read."""
+    saved. Nothing is taken on trust, and each check comes before what it guards: the
+    manifest as a whole (`read_manifest`: layout, files, the model's fields), the model's
+    size against the RAM before any tensor exists (`hf.check_model_memory`: a
+    manifest may claim 70B parameters), every file's checksum, then every slice's name,
+    shape and range against that model (`checkpoint.check_contents`: a manifest saying
+    dim=128 over 64-wide tensors would export a config.json the weights contradict)."""
     step_dir = checkpoint.resolve(path)
     manifest = checkpoint.read_manifest(step_dir)
+    model = checkpoint.manifest_model(manifest, f"checkpoint file {step_dir}")
+    check_model_memory(model, f"--resume {path}")
     checkpoint.check_files(step_dir, manifest)
-    entries = [e for name in manifest["files"] if name.startswith("rank_")
-               for e in checkpoint.load_torch(step_dir, name, manifest)["entries"]]
-    return ModelConfig(**manifest["model"]), checkpoint.full_state(entries), manifest
+    return model, checkpoint.check_contents(step_dir, manifest, model), manifest
+
+
+def print_or_close(*args, **kw) -> bool:
+    """`print`, to a stdout whose reader may have gone (`| head`): then stdout is pointed at
+    /dev/null (so that Python's last flush at exit is quiet too) and False is returned; the
+    caller ends, as Unix tools do, quietly (`CLOSED_PIPE`)."""
+    try:
+        print(*args, **{"flush": True, **kw})
+        return True
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+
+
+CLOSED_PIPE = 128 + signal.SIGPIPE     # the status a shell shows for a tool SIGPIPE ended
 
 
 def main(argv=None) -> int:
@@ -49,5 +71,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({mcfg.n_layers} layers, dim {mcfg.dim}, vocab {mcfg.vocab_size})")
+    except WriteError as e:     # a full disk: nothing left behind, the old --out kept
+        print(f"{PROG}: error: --out {args.out}: {e}", file=sys.stderr)
+        return 1
+    # the directory is written: a reader of this line who has gone changes nothing
+    print_or_close(f"wrote {out} ({mcfg.n_layers} layers, dim {mcfg.dim}, vocab {mcfg.vocab_size})")
     return 0

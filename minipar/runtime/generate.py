@@ -35,8 +35,9 @@ from tokenizers import Tokenizer
 from ..plan.config import ConfigError, refuse
 from ..plan.flags import Parser
 from ..trainer.model import Transformer
-from .export import checkpoint_state
-from .hf import CONFIG, check_dir, hf_name, read_config, tokenizer_file, weight_files
+from .export import CLOSED_PIPE, checkpoint_state, print_or_close
+from .hf import (CONFIG, check_dir, check_model_memory, hf_name, inside, read_config,
+                 tokenizer_file, weight_files)
 
 PROG = "python -m minipar.generate"
 
@@ -174,6 +175,9 @@ def load_model(path: str) -> Transformer:
     tensor of every file, checked first. (The trainer reads a slice per rank instead:
     `hf.load_weights`.)"""
     mcfg = read_config(path)
+    # config.json's sizes bounded before anything is built (`check_dir` builds on meta):
+    # the files' tensors and the model's
+    check_model_memory(mcfg, f"--init-hf {path}/{CONFIG}", copies=2)
     check_dir(path, mcfg)
     model = Transformer(mcfg, seed=None)
     load_hf_state_dict(model, {name: t for file in set(weight_files(path).values())
@@ -186,7 +190,7 @@ def load(init_hf: str | None, resume: str | None, tokenizer: str | None):
     tokenizer = tokenizer and tokenizer_of(tokenizer)
     if init_hf:
         model = load_model(init_hf)        # checks the directory first
-        with open(os.path.join(init_hf, CONFIG)) as f:
+        with open(inside(init_hf, CONFIG)) as f:
             eos = json.load(f).get("eos_token_id")
         # one id or a list of them (anything else in the field is no token id)
         stop = frozenset(i for i in (eos if isinstance(eos, list) else [eos]) if type(i) is int)
@@ -203,9 +207,9 @@ def tokenizer_of(path: str) -> str:
     """--tokenizer's file: DIR/tokenizer.json, or the file named."""
     if not os.path.exists(path):
         raise ConfigError(f"--tokenizer {path}: no such file or directory")
-    if os.path.isdir(path) and not tokenizer_file(path):
+    if os.path.isdir(path) and not tokenizer_file(path, "--tokenizer"):
         raise ConfigError(f"--tokenizer {path}: no tokenizer.json in the directory")
-    return tokenizer_file(path) or path
+    return tokenizer_file(path, "--tokenizer") or path
 
 
 def codec_of(tokenizer: str | None) -> Codec:
@@ -296,10 +300,12 @@ def write(args) -> int:
     if n < 100e6:      # say why before the reader wonders (stdout stays the text alone)
         print(f"{PROG}: note: a {n / 1e6:.1f}M-parameter model writes gibberish; fluent text "
               "takes billions of parameters and tokens; this shows the mechanics", file=sys.stderr)
-    print(args.prompt, end="", flush=True)
+    # a reader that has gone (`| head -c 20`) ends the text quietly, as it ends `yes`
+    if not print_or_close(args.prompt, end="", flush=True):
+        return CLOSED_PIPE
     ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                    stop)
     for piece in stream(codec, ids):
-        print(piece, end="", flush=True)
-    print()
-    return 0
+        if not print_or_close(piece, end="", flush=True):
+            return CLOSED_PIPE
+    return 0 if print_or_close() else CLOSED_PIPE

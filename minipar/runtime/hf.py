@@ -37,10 +37,12 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..plan import flops
 from ..plan.config import ConfigError, ModelConfig, TrainConfig
 from ..trainer import comm
 from ..trainer.model import Transformer
 from ..trainer.placement import local_index, placements
+from . import launch
 from .checkpoint import ADAM, MARK, full_state, named_params, replace_dir, shard_entries
 
 WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
@@ -135,11 +137,31 @@ def model_config(hf: dict, source: str = "config.json") -> ModelConfig:
                        name=hf.get("_name_or_path") or "hf")
 
 
+# ================================================================ paths inside the directory
+def inside(path: str, name: str, flag: str = "--init-hf") -> str:
+    """`path/name`, a file the directory `path` holds: a relative name without `..`, and,
+    links followed, a file inside `path`, or, for a snapshot of the Hugging Face cache
+    (`models--ORG--NAME/snapshots/REVISION`, whose files are links to `../../blobs/SHA`),
+    in that model's `blobs`. A directory is untrusted until checked: an index naming
+    `../outside/model.safetensors`, or a link out of the directory, would have a run train
+    on, and republish, another model's weights."""
+    if not isinstance(name, str) or not name or os.path.isabs(name) \
+            or ".." in name.replace("\\", "/").split("/"):
+        raise ConfigError(f"{flag} {path}: {name!r} is not a name inside the directory")
+    real, file = os.path.realpath(path), os.path.join(path, name)
+    snapshot = os.path.basename(os.path.dirname(real)) == "snapshots"
+    roots = [real, os.path.join(os.path.dirname(os.path.dirname(real)), "blobs")][:1 + snapshot]
+    if not any(os.path.realpath(file).startswith(root + os.sep) for root in roots):
+        raise ConfigError(f"{flag} {file} is a link to {os.path.realpath(file)}, outside the "
+                          "directory")
+    return file
+
+
 def read_config(path: str) -> ModelConfig:
     """The model of a Hugging Face directory, from its config.json (`--init-hf DIR`)."""
-    file = os.path.join(path, CONFIG)
     if not os.path.isdir(path):
         raise ConfigError(f"--init-hf {path}: no such directory")
+    file = inside(path, CONFIG)
     try:
         with open(file) as f:
             hf = json.load(f)
@@ -167,6 +189,40 @@ def to_hf(mcfg: ModelConfig) -> dict:
             "rope_scaling": None if mcfg.llama3_rope is None else scaling}
 
 
+# ================================================================ memory: before building
+def available_ram(cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this machine (or its container's or job's cgroup) can still give: MemAvailable,
+    capped by the memory cgroup's limit less its usage, v2's or v1's (`launch.memory_cgroup`;
+    v1 says "no limit" with a number near 2**63, which `min` passes over, v2 says "max").
+    None where nothing can be read."""
+    room = []
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        room += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    with contextlib.suppress(TypeError, ValueError):      # TypeError: no cgroup read
+        limit, usage = launch.memory_cgroup(("limit", "usage"), cgroup)
+        room.append(int(limit) - int(usage))
+    return min(room, default=None)
+
+
+# Python's own objects of one built layer (its modules, parameters and their bookkeeping),
+# beside the tensors' bytes: 25-34 KB measured with torch 2.x on CPU, counted at 64 KB. A
+# config of many tiny layers costs this, not its weights.
+LAYER_OBJECTS = 64 * 1024
+
+
+def check_model_memory(model: ModelConfig, source: str, copies: int = 3) -> None:
+    """A model read from a file (a config.json, a checkpoint's manifest) can be built here:
+    `copies` of its weights in float32 (the file's tensors, the full ones, the model's) and
+    its layers' objects (`LAYER_OBJECTS`), against `available_ram` (unknown: no refusal).
+    Before any tensor of it exists: a manifest may claim 70B parameters over tiny files."""
+    n = flops.param_count(model)
+    need, room = copies * 4 * n + model.n_layers * LAYER_OBJECTS, available_ram()
+    if room is not None and need > room:
+        raise ConfigError(f"{source}: its model ({model.n_layers:,} layers, dim {model.dim:,}, "
+                          f"{n / 1e9:.2f}B parameters) needs at least {need / 2**30:.1f} GiB of "
+                          f"RAM to build, but {room / 2**30:.1f} GiB is available")
+
+
 # ================================================================ reading: where and what
 def weight_files(path: str) -> dict[str, str]:
     """Weight name -> the file that holds it: the index's `weight_map`, or every tensor of
@@ -175,18 +231,23 @@ def weight_files(path: str) -> dict[str, str]:
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
         try:
-            with open(index) as f:
+            with open(inside(path, INDEX)) as f:
                 weight_map = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--init-hf {index}: unreadable index: {e!r}") from None
-        for file in sorted(set(weight_map.values())):
-            if not os.path.isfile(os.path.join(path, file)):
+        if not (isinstance(weight_map, dict) and all(
+                isinstance(v, str) and v for v in weight_map.values())):
+            raise ConfigError(f"--init-hf {index}: its weight_map is not an object of file names")
+        files = {file: inside(path, file) for file in sorted(set(weight_map.values()))}
+        for file in files:
+            if not os.path.isfile(files[file]):
                 raise ConfigError(f"--init-hf {path}: {file} is named by {INDEX} but absent")
-        return {name: os.path.join(path, file) for name, file in weight_map.items()
+        return {name: files[file] for name, file in weight_map.items()
                 if not name.endswith(IGNORED)}
     single = os.path.join(path, WEIGHTS)
     if not os.path.isfile(single):
         raise ConfigError(f"--init-hf {path}: neither {WEIGHTS} nor {INDEX} in the directory")
+    single = inside(path, WEIGHTS)
     with _open(single) as f:
         return {name: single for name in f.keys() if not name.endswith(IGNORED)}
 
@@ -201,8 +262,10 @@ def _open(file: str):
 def check_dir(path: str, mcfg: ModelConfig) -> None:
     """Before any rank starts: every tensor the model needs is in a file, with the shape
     config.json implies, and no file holds a weight this model would ignore (a bias, say).
-    Reads the files' headers only."""
+    Reads the files' headers only. Every file read is inside the directory (`inside`),
+    the tokenizer's too (a run copies them into its --export-hf directory)."""
     files = weight_files(path)
+    tokenizer_files(path)
     with torch.device("meta"):      # every weight's shape, under its Hugging Face name; no memory
         want = {hf_name(k): tuple(v.shape)
                 for k, v in Transformer(mcfg, seed=None).state_dict().items()}
@@ -264,33 +327,54 @@ def load_weights(path: str, chunks, mcfg: ModelConfig, shard_of, axes):
             (p.data.view(-1) if held else shard.data).copy_(piece)
 
 
-def tokenizer_file(path: str | None) -> str | None:
-    """The directory's `tokenizer.json`, when it has one."""
+def tokenizer_file(path: str | None, flag: str = "--init-hf") -> str | None:
+    """The directory's `tokenizer.json`, when it has one (inside it: `inside`)."""
     file = os.path.join(path, "tokenizer.json") if path else None
-    return file if file and os.path.isfile(file) else None
+    return inside(path, "tokenizer.json", flag) if file and os.path.isfile(file) else None
+
+
+def tokenizer_files(path: str | None, flag: str = "--init-hf") -> list[str]:
+    """The tokenizer files (`TOKENIZER_FILES`) the directory holds, each inside it."""
+    return [inside(path, name, flag) for name in TOKENIZER_FILES
+            if path and os.path.isfile(os.path.join(path, name))]
 
 
 # ================================================================ writing
+class WriteError(RuntimeError):
+    """A Hugging Face directory could not be written (a full disk, say); names the path.
+    Nothing of it is left behind, and the directory it would have replaced is as it was."""
+
+
 def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
                     tokenizer_dir: str | None = None) -> str:
     """Write `state` (full tensors under minipar's names) as a Hugging Face directory:
     config.json, model.safetensors and, from `tokenizer_dir`, its tokenizer files.
     Atomic: written into `out.tmp<pid>`, then renamed to `out` (an older `out`, minipar's
-    as its MARK says, is replaced; `checkpoint.check_out_dir` refuses anyone else's)."""
+    as its MARK says, is replaced; `checkpoint.check_out_dir` refuses anyone else's). A
+    write that fails (a full disk) removes `out.tmp<pid>` and raises `WriteError`, one line
+    naming the file; `out` is as it was."""
     # a tied head is the embedding: one tensor, stored once, as transformers does
     tensors = {hf_name(k): v.detach().to("cpu", torch.float32).contiguous()
                for k, v in state.items() if not (mcfg.tie_embeddings and k == "lm_head.weight")}
+    copied = tokenizer_files(tokenizer_dir, "--tokenizer")     # each inside its directory
     out = os.path.abspath(out)        # `--out .` too is a directory that can be renamed
-    os.makedirs(tmp := f"{out}.tmp{os.getpid()}")     # this process's name: nobody's file
-    with open(os.path.join(tmp, MARK), "w") as f:
-        f.write("minipar: a Hugging Face export\n")
-    save_file(tensors, os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(tmp, CONFIG), "w") as f:
-        json.dump(to_hf(mcfg), f, indent=2)
-    for name in TOKENIZER_FILES if tokenizer_dir else ():
-        if os.path.isfile(os.path.join(tokenizer_dir, name)):
-            shutil.copy(os.path.join(tokenizer_dir, name), tmp)
-    replace_dir(tmp, out)
+    tmp = f"{out}.tmp{os.getpid()}"      # this process's name: nobody's file
+    file = tmp
+    try:
+        os.makedirs(tmp)
+        with open(file := os.path.join(tmp, MARK), "w") as f:
+            f.write("minipar: a Hugging Face export\n")
+        save_file(tensors, file := os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
+        with open(file := os.path.join(tmp, CONFIG), "w") as f:
+            json.dump(to_hf(mcfg), f, indent=2)
+        for source in copied:
+            shutil.copy(source, file := os.path.join(tmp, os.path.basename(source)))
+        file = out
+        replace_dir(tmp, out)
+    except (OSError, SafetensorError) as e:       # safetensors says ENOSPC in its own words
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise WriteError(f"could not write {file}: {why}; {out} is as it was") from None
     return out
 
 
@@ -298,13 +382,21 @@ def export_run(out: str, chunks, dp, optimizer, grid, mcfg: ModelConfig,
                tokenizer_dir: str | None = None) -> None:
     """`--export-hf DIR` at the end of a run. Collective: every rank sends its slices (the
     parameters only, not AdamW's state) to rank 0, which puts the full tensors back
-    together and writes the directory."""
+    together and writes the directory. A write that fails (a full disk: `save_pretrained`
+    leaves nothing behind) raises `WriteError` on every rank alike, none left waiting."""
     mine = [{k: v for k, v in e.items() if k not in ADAM}
             for e in shard_entries(chunks, dp, optimizer, grid, mcfg)]
     received = [None] * grid.world_size if grid.rank == 0 else None
+    failed = [None]
     with comm.paused():
         dist.gather_object(mine, received, dst=0)
         if grid.rank == 0:
             state = full_state([e for entries in received for e in entries])
-            save_pretrained(state, mcfg, out, tokenizer_dir)
-        dist.barrier()          # nobody reports the run done before the directory exists
+            try:
+                save_pretrained(state, mcfg, out, tokenizer_dir)
+            except WriteError as e:
+                failed[0] = f"--export-hf {out}: {e}"
+        # nobody reports the run done before the directory exists, or its failure is known
+        dist.broadcast_object_list(failed, src=0)
+    if failed[0]:
+        raise WriteError(failed[0])

@@ -50,11 +50,12 @@ from .heartbeat import Heartbeat, LauncherWatch, StoreHeartbeat, timed_out
 
 class RankFailed(RuntimeError):
     """A rank raised or died; `.rank` is the first rank that failed, `.raised` whether it
-    did so by an exception (not by dying or hanging)."""
+    did so by an exception (not by dying or hanging), `.exitcode` how it died (-N: killed
+    by signal N; None: it raised or hung)."""
 
-    def __init__(self, rank: int, message: str, raised: bool = False):
+    def __init__(self, rank: int, message: str, raised: bool = False, exitcode: int | None = None):
         super().__init__(message)
-        self.rank, self.raised = rank, raised
+        self.rank, self.raised, self.exitcode = rank, raised, exitcode
 
 
 class Stopped(RuntimeError):
@@ -250,7 +251,8 @@ def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str])
         what = death(died[cause]) if died else f"failed: {errors[cause]}"
         others = sorted((set(errors) | set(died)) - {cause})
         tail = f"\n(then ranks {others} failed as a consequence)" if others else ""
-        return RankFailed(cause, f"rank {cause} {what}{tail}", raised=not died)
+        return RankFailed(cause, f"rank {cause} {what}{tail}", raised=not died,
+                          exitcode=died[cause] if died else None)
     cause, first = min(hung), next(iter(errors), None)
     also = f"; so did ranks {sorted(set(hung) - {cause})}" if len(hung) > 1 else ""
     tail = ((f"ranks {sorted(errors)} gave up waiting for it\nrank {first} reported: "
@@ -262,7 +264,12 @@ def _failure(errors: dict[int, str], died: dict[int, int], hung: dict[int, str])
 def death(code: int) -> str:
     """How a rank that left no report ended, from its exit code (-N: killed by signal N).
     A SIGKILL that nobody in the job sent is most often the kernel's OOM killer: the count
-    of OOM kills of this process's memory cgroup says whether it has been at work."""
+    of OOM kills of this process's memory cgroup says whether it has been at work. A SIGBUS
+    is a memory-mapped file that shrank under the rank (minipar maps --data: `run.train`
+    names it)."""
+    if code == -signal.SIGBUS:
+        return ("was killed by SIGBUS (exit -7): a memory-mapped file it read was truncated "
+                "or replaced while the run read it")
     if code != -signal.SIGKILL:
         return f"died (exit code {code}) without an error report"
     kills, limit = oom_kills() or (None, None)       # none: out of memory, or a `kill -9`

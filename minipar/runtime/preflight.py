@@ -9,14 +9,23 @@ and exits 0). So `check_run` asks, in the parent process and in this order:
 2. the world: torchrun's size against the layout's;
 3. the files: no two of --data and the outputs the same, every output proved writable
    (--save and --export-hf new, empty or minipar's own: `check_paths`), --data long enough
-   for one sequence, --init-hf's weights, --resume's manifest and the SHA-256 of every file
-   it lists (`checkpoint.check_flags`);
-4. the memory: what the ranks on this machine will hold against what the machine has.
+   for one sequence;
+4. the memory: what the ranks on this machine will hold against what the machine has,
+   before anything of the model is built (a config.json may say 100 million layers);
+5. what the model is read from: --init-hf's weights (every path inside the directory),
+   --resume's manifest as a whole, the SHA-256 of every file it lists and their contents,
+   unpickled as the ranks will (`checkpoint.check_flags`); and room on the disk for
+   --export-hf's directory.
+
+Every directory and file read is untrusted until checked: `hf.check_model_memory` bounds a
+model read from a file (`minipar.generate`, `minipar.export`) the same way.
 """
 
-import contextlib
+import errno
 import itertools
 import os
+import shutil
+import stat
 from dataclasses import replace
 
 import torch
@@ -27,6 +36,7 @@ from ..plan.config import ConfigError, ModelConfig, TrainConfig
 from ..plan.memory import FP32, memory_of_rank
 from ..trainer import tokens
 from . import checkpoint, hf, launch
+from .hf import available_ram, check_model_memory     # (the tests replace available_ram here)
 
 
 def check_run(cfg: TrainConfig) -> TrainConfig:
@@ -36,13 +46,18 @@ def check_run(cfg: TrainConfig) -> TrainConfig:
     if launch.in_torchrun() and int(os.environ["WORLD_SIZE"]) != p.world_size:
         raise ConfigError(f"--tp {p.tp} x --cp {p.cp} x --pp {p.pp} x --dp {p.dp} = "
                           f"{p.world_size} ranks, but torchrun started {os.environ['WORLD_SIZE']}")
-    if cfg.init_hf:      # config.json was read above; now every weight's file and shape
-        hf.check_dir(cfg.init_hf, cfg.model_config())
     check_paths(cfg)
     if cfg.data is not None:
         check_data(cfg)
-    checkpoint.check_flags(cfg)
+    # the sizes config.json (or --model) gives, bounded before anything is built of them: the
+    # checks below build the model on the meta device (100 million layers would take days)
+    if cfg.init_hf and not launch.in_torchrun():      # locally, all of it is built here
+        check_model_memory(cfg.model_config(), f"--init-hf {cfg.init_hf}/{hf.CONFIG}", copies=1)
     check_memory(cfg)
+    if cfg.init_hf:      # config.json was read above; now every weight's file and shape
+        hf.check_dir(cfg.init_hf, cfg.model_config())
+    checkpoint.check_flags(cfg)
+    check_export_space(cfg)
     return cfg
 
 
@@ -83,6 +98,8 @@ def check_writable_file(flag: str, path: str) -> None:
         raise ConfigError(f"{flag} {path}: {parent} {what}")
     if os.environ.get("RANK", "0") != "0":
         return      # torchrun's other ranks: rank 0 writes the file, and alone probes it
+    if check_fifo(flag, path):
+        return
     existed = os.path.exists(path)
     try:    # a new file or a device takes a byte now: a full disk, /dev/full, say so here
         with open(path, "ab", buffering=0) as f:     # a file keeps its bytes and its mtime
@@ -94,13 +111,34 @@ def check_writable_file(flag: str, path: str) -> None:
             os.remove(path)
 
 
+def check_fifo(flag: str, path: str) -> bool:
+    """True when `path` is a FIFO (a named pipe, /dev/stdout into a pipe) with a reader, which
+    the run may write; one with no reader is refused. Asked without blocking (O_NONBLOCK:
+    ENXIO when nobody reads), where a plain open would wait for a reader forever; nothing is
+    written into it (a probe's byte would reach the reader)."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+    except OSError:        # a new name: the probe below makes it
+        return False
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as e:
+        why = "is a FIFO with no reader (it would wait forever)" if e.errno == errno.ENXIO \
+            else f"cannot be written: {e.strerror}"
+        raise ConfigError(f"{flag} {path} {why}") from None
+    return True
+
+
 def check_data(cfg: TrainConfig) -> None:
     """The --data file exists, fits the vocabulary, and holds at least one training window:
     seq_len + 1 tokens (inputs and shifted targets) and one more so that windows can start
     at more than one place."""
     tokenizer, vocab_size = hf.tokenizer_file(cfg.init_hf), cfg.model_config().vocab_size
     if not os.path.isfile(cfg.data):
-        raise ConfigError(f"--data {cfg.data}: no such file")
+        raise ConfigError(f"--data {cfg.data}: " + ("not a regular file (a device, pipe or "
+                          "directory: --data reads a text file)" if os.path.exists(cfg.data)
+                          else "no such file"))
     if tokenizer is None and vocab_size < 256:
         raise ConfigError("--data trains on bytes and needs a vocabulary of at least 256")
     if tokenizer is not None:
@@ -141,20 +179,6 @@ def stage_bytes(model: ModelConfig, cfg: TrainConfig, stage: int,
     return 4 * whole, int(held), int(step)
 
 
-def available_ram(cgroup: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes this machine (or its container's or job's cgroup) can still give: MemAvailable,
-    capped by the memory cgroup's limit less its usage, v2's or v1's (`launch.memory_cgroup`;
-    v1 says "no limit" with a number near 2**63, which `min` passes over, v2 says "max").
-    None where nothing can be read."""
-    room = []
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        room += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
-    with contextlib.suppress(TypeError, ValueError):      # TypeError: no cgroup read
-        limit, usage = launch.memory_cgroup(("limit", "usage"), cgroup)
-        room.append(int(limit) - int(usage))
-    return min(room, default=None)
-
-
 def check_memory(cfg: TrainConfig) -> None:
     """The ranks on this machine need more memory than it has: say so now, not after the
     machine has been swapping for minutes, naming the flag behind the largest part. Locally
@@ -190,3 +214,25 @@ def too_big(why: dict[str, str], parts: tuple, need: int, unit: str, tail: str) 
     flag, part = max(zip(why, parts), key=lambda fp: fp[1])
     return ConfigError(f"{flag} needs at least {need / 2**30:.1f} GiB {unit}, "
                        f"{part / 2**30:.1f} GiB of it for {why[flag]}{tail}")
+
+
+def export_bytes(cfg: TrainConfig) -> int:
+    """What `hf.save_pretrained` writes: the weights in float32 (a tied head once, as
+    `param_count` counts it), --init-hf's tokenizer files, and a MiB for config.json and
+    the safetensors header."""
+    tokenizer = sum(os.path.getsize(f) for f in hf.tokenizer_files(cfg.init_hf))
+    return 4 * flops.param_count(cfg.model_config()) + tokenizer + 2**20
+
+
+def check_export_space(cfg: TrainConfig) -> None:
+    """--export-hf's directory fits on its disk, said before the run rather than after it:
+    the export is written at the end, and a full disk then costs the whole run's time."""
+    if not cfg.export_hf:
+        return
+    where = os.path.dirname(os.path.abspath(cfg.export_hf))
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    need, free = export_bytes(cfg), shutil.disk_usage(where).free
+    if need > free:
+        raise ConfigError(f"--export-hf {cfg.export_hf} needs {need / 2**20:,.1f} MiB on the "
+                          f"disk of {where}, which has {free / 2**20:,.1f} MiB free")

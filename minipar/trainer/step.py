@@ -80,24 +80,35 @@ def global_loss(loss: torch.Tensor, grid: ProcessGrid) -> float:
     return loss.item()
 
 
-class NonFinite(RuntimeError):
-    """The loss or the gradient norm of a step is NaN or infinite (and not --skip-nonfinite).
-    Both numbers are all-reduced, so every rank raises it at the same step."""
+# --skip-nonfinite skips at most this many steps in a row: one more ends the run (exit 1).
+# A spike skips a step or two; a run whose every step is NaN has NaN weights, and skipping
+# on would only burn the rest of its time and then exit 0.
+MAX_SKIPPED_IN_ROW = 3
 
-    def __init__(self, step: int, loss: float, norm: float):
-        super().__init__(f"step {step}: loss {loss} / gradient norm {norm} is not finite; "
-                         "stopped before the update (--skip-nonfinite skips such steps)")
+
+class NonFinite(RuntimeError):
+    """The loss or the gradient norm of a step is NaN or infinite (and not --skip-nonfinite,
+    or one step more than it skips in a row). Both numbers are all-reduced, so every rank
+    raises it at the same step."""
+
+    def __init__(self, step: int, loss: float, norm: float, in_row: int = 0):
+        super().__init__(f"step {step}: loss {loss} / gradient norm {norm} is not finite; " + (
+            f"stopped: the {in_row} steps before it were not finite either, and "
+            f"--skip-nonfinite skips at most {MAX_SKIPPED_IN_ROW} in a row (the weights are "
+            "likely NaN; resume from a checkpoint before them)" if in_row else
+            "stopped before the update (--skip-nonfinite skips such steps)"))
         self.step = step
 
 
-def check_finite(step: int, loss: float, norm: float, skip: bool) -> bool:
+def check_finite(step: int, loss: float, norm: float, skip: bool, in_row: int = 0) -> bool:
     """True when the step may update the weights: every rank decides the same, since both
-    numbers are all-reduced. All stop (`NonFinite`), or all skip the update (`skip`)."""
+    numbers are all-reduced. All stop (`NonFinite`), or all skip the update (`skip`, after
+    `in_row` skipped steps: at most `MAX_SKIPPED_IN_ROW` of them)."""
     if math.isfinite(loss) and math.isfinite(norm):
         return True
-    if skip:
+    if skip and in_row < MAX_SKIPPED_IN_ROW:
         return False
-    raise NonFinite(step, loss, norm)
+    raise NonFinite(step, loss, norm, in_row if skip else 0)
 
 
 # ---------------------------------------------------------------- one step
@@ -154,6 +165,7 @@ class Trainer:
         # a look at the reduced gradients before clipping (the tests'), called on every rank
         # as after_backward(step, chunks, dp, grid); what it returns is kept by step
         self.after_backward, self.probes = after_backward, {}
+        self.skipped_in_row = 0      # --skip-nonfinite: the steps skipped since the last update
 
     def step(self, step: int) -> dict:
         """One optimizer step: this rank's micro-batches forward and backward, the
@@ -172,7 +184,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = global_loss(loss, grid)      # the same number on every rank, as is the norm
-        finite = check_finite(step, loss, norm, cfg.skip_nonfinite)
+        finite = check_finite(step, loss, norm, cfg.skip_nonfinite, self.skipped_in_row)
+        self.skipped_in_row = 0 if finite else self.skipped_in_row + 1
         with events.span("optimizer", kind="optimizer"):
             if finite:                # else: --skip-nonfinite, no update from this batch
                 self.optimizer.step()
@@ -197,6 +210,15 @@ class Trainer:
         return {"step": step, "loss": loss, "grad_norm": norm, "lr": lr, "step_time_s": dt,
                 "tokens_per_s": tps, "comm": comm.LOG.summary(),
                 "mfu": mfu(tps, self.mcfg, self.cfg.seq_len, self.cfg.peak_flops, n_dev)}
+
+    def weights_finite(self) -> bool:
+        """Every weight of every rank is finite. Collective: all ranks get the same answer."""
+        bad = any(not torch.isfinite(self.model.dp.shard_of(p).data).all()
+                  for m in self.model.chunks for p in m.parameters())
+        flag = torch.tensor(float(bad), device=self.device)
+        with comm.paused():
+            comm.all_reduce(flag, self.grid.world, op="max")
+        return not flag.item()
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds in parameters, gradients and optimizer state, counted

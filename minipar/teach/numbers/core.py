@@ -12,6 +12,13 @@ chapter speaks of names its quantity (`QUANTITIES`); `merge` refuses a second ke
 and tests/test_book.py reads every chapter for the quantity's words next to a number that
 is not its key.
 
+One scenario, one estimate. A cost-model number names the scenario it was computed for
+(`SCENARIOS`, `in_scenario`: its `scenario` and the end of its source say which): Table 4's
+row 1 under Llama 3's stack is one scenario, row 1 with whole gradients (ZeRO-1) a what-if,
+another. A quantity is then one key per scenario: `merge` refuses two keys that state the
+same quantity of the same scenario (row 1's exposed DP time as 0.8 s in one chapter and
+0.73 s in another), and the prose may state the quantity only through one of its keys.
+
 Facts about Llama 3 say where they come from (`evidence`): the paper reports it, the book
 derives it from what the paper reports, or it is an assumption the book makes. The page
 marks each such number, and the preface explains the marks.
@@ -42,6 +49,37 @@ QUANTITIES = {
     "seq_activations": r"(?:for|over) (?:the whole stack|all (?:its )?layers)",
     "tp_layer_network": r"on (?:a|the) network link|over (?:the network|RoCE)",
     "llama3_virtual_stages": r"chunks per rank",
+    # cost-model quantities: one key per scenario
+    "dp_exposed_s": r"(?:of )?(?:data-parallel|DP) time (?:left )?exposed|exposed DP time|"
+                    r"(?:of )?DP (?:time )?(?:is )?left exposed",
+    "dp_bytes_step": r"(?:per GPU and|a GPU per|per) step (?:of|in) (?:DP|data-parallel)|"
+                     r"of (?:DP|data-parallel) traffic per (?:GPU and )?step",
+}
+
+
+# The scenarios cost-model numbers are computed for: a name, and what it is. A what-if
+# (a configuration the book shows on purpose, not the run it reads Llama 3 as) says so.
+SCENARIOS = {
+    "table4-row1": "Table 4 row 1 (8,192 GPUs, TP8 PP16 DP64, 8K) under Llama 3's stack "
+                   "(costmodel.table4('llama3'): ZeRO-2, the paper's stage split, fused kernels)",
+    "table4-row2": "Table 4 row 2 (16,384 GPUs, TP8 PP16 DP128, 8K) under Llama 3's stack",
+    "table4-row3": "Table 4 row 3 (16,384 GPUs, TP8 CP16 PP16 DP8, 128K) under Llama 3's stack",
+    "row1-zero1": "what-if: Table 4 row 1 under Llama 3's stack but with whole fp32 gradients "
+                  "(ZeRO-1), which does not fit in an H100",
+    "row1-replayed-program": "the cost model given the program of the Llama 3 replay "
+                             "(replays.estimated('llama3'): ZeRO-1, the replay's stage split)",
+    "row1-no-stack": "what-if: Table 4 row 1 without a named stack (costmodel.estimate's "
+                     "defaults, ZeRO-1), for the recomputation comparison",
+    "search-8k": "costmodel.best_configs: every layout of 8,192 GPUs at 8K under Llama 3's "
+                 "stack that fits the whole HBM",
+    "planner": "costmodel.planner.plan: no named stack, 10% of the HBM left free",
+    "row1-tp-across-servers": "what-if: Table 4 row 1 under Llama 3's stack with TP's ring "
+                              "across servers (one GPU per server)",
+    "table4-nic-sweep": "what-if: Table 4 under Llama 3's stack at each NIC bus bandwidth "
+                        "(costmodel.table4.nic_sensitivity)",
+    "pp-replay-8b": "the cost model given the 8B pipeline replays' layouts (replays.estimated)",
+    **{f"row1-stack-{fw}": f"what-if: Table 4 row 1 under {fw}'s stack (costmodel.table4('{fw}'))"
+       for fw in ("deepspeed", "megatron", "nanotron", "nemo", "torchtitan")},
 }
 
 
@@ -55,12 +93,15 @@ class Number:
     quantity: str = ""           # a key of QUANTITIES when other chapters state it too
     recorded: bool = False       # read off a replay of a recorded run: its last digit varies
     #                              between recordings, so it may meet another number by chance
+    scenario: str = ""           # a key of SCENARIOS, for a cost-model number
 
     def __post_init__(self):
         if self.evidence is not None and self.evidence not in EVIDENCE:
             raise ValueError(f"evidence {self.evidence!r} is not one of {sorted(EVIDENCE)}")
         if self.quantity and self.quantity not in QUANTITIES:
             raise ValueError(f"quantity {self.quantity!r} is not one of {sorted(QUANTITIES)}")
+        if self.scenario and self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario {self.scenario!r} is not one of {sorted(SCENARIOS)}")
 
     def text(self) -> str:
         return self.fmt.format(self.value)
@@ -126,24 +167,43 @@ def replayed_ms(seconds: float, source: str) -> Number:
     return from_replay(two_digits(seconds * 1e3), "{:,g} ms", source)
 
 
+def in_scenario(numbers: dict[str, Number], scenario: str, quantities=()) -> dict[str, Number]:
+    """`numbers` (cost-model numbers) tagged with the scenario they were computed for: its
+    name in `scenario` and at the end of each source; `quantities`, (key, quantity) pairs or
+    a dict, names the quantities among them (one key per quantity and scenario, `merge`)."""
+    from dataclasses import replace
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario {scenario!r} is not one of {sorted(SCENARIOS)}")
+    quantities = dict(quantities)
+    return {k: replace(n, scenario=scenario, quantity=quantities.get(k, n.quantity),
+                       source=f"{n.source}; scenario {scenario}: {SCENARIOS[scenario]}")
+            for k, n in numbers.items()}
+
+
 def merge(modules: dict[str, dict[str, Number]]) -> dict[str, Number]:
     """{"module.key": Number} from each module's numbers(). Keys are unique by construction;
-    a quantity named by two keys is an error that names both."""
+    a quantity named by two keys of one scenario is an error that names both."""
     out, owner = {}, {}
     for module, numbers in modules.items():
         for key, number in numbers.items():
             if not isinstance(number, Number):
                 raise TypeError(f"{module}.{key} is {type(number).__name__}, not a Number")
             name = f"{module}.{key}"
-            if number.quantity in owner:
-                raise ValueError(f"{name} and {owner[number.quantity]} both state the quantity "
-                                 f"{number.quantity!r}: one key per quantity, refer to the first")
+            which = (number.quantity, number.scenario)
+            if number.quantity and which in owner:
+                where = f" of scenario {number.scenario!r}" if number.scenario else ""
+                raise ValueError(f"{name} and {owner[which]} both state the quantity "
+                                 f"{number.quantity!r}{where}: one key per quantity, refer to the first")
             if number.quantity:
-                owner[number.quantity] = name
+                owner[which] = name
             out[name] = number
     return out
 
 
-def quantity_keys(numbers: dict[str, Number]) -> dict[str, str]:
-    """{quantity: the one key that states it}."""
-    return {n.quantity: key for key, n in numbers.items() if n.quantity}
+def quantity_keys(numbers: dict[str, Number]) -> dict[str, set[str]]:
+    """{quantity: the keys that state it, one per scenario}."""
+    out: dict[str, set[str]] = {}
+    for key, n in numbers.items():
+        if n.quantity:
+            out.setdefault(n.quantity, set()).add(key)
+    return out

@@ -24,7 +24,8 @@ from ...plan.costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, 
                                        memory_budget_gb, plan)
 from ...plan.flops import flops_per_token, param_count
 from ...plan.memory import BF16_MIXED
-from .core import Number, assumed, derived, predicted
+from .core import Number, assumed, derived, in_scenario, predicted
+from .llama3 import HBM_BYTES
 
 _EVAL = "python -m minipar.costmodel.evaluate"
 _RULES = "costmodel.rules on Llama 3's cluster"
@@ -206,7 +207,8 @@ def _rule1() -> dict[str, Number]:
     m, c = ModelConfig.preset(L405), cm.LLAMA3_CLUSTER
     state = BF16_MIXED.state_bytes_per_param * param_count(m)
     row = cm.TABLE4[0]
-    return {"state_gpus": derived(-(-state // (c.hbm_gb * 1e9)), "{:,.0f}", source="state / HBM"),
+    return {"state_gpus": derived(-(-state // HBM_BYTES), "{:,.0f}",
+                                  source="state / nvidia-smi's 85.5 GB, rounded up"),
             "state_per_gpu_gb": derived(state / (row.tp * row.pp) / 1e9, "{:.0f} GB", source="state / (TP8 x PP16)"),
             "ridge": Number(c.peak_flops / c.hbm_Bps, "{:.0f}", source="H100: peak FLOP/s / HBM bytes/s")}
 
@@ -275,9 +277,13 @@ def _headroom() -> dict[str, Number]:
     src = "planner.MEMORY_HEADROOM"
     return {"headroom": assumed(MEMORY_HEADROOM, "{:.0%}", source=src),
             "budget_gb": derived(memory_budget_gb(cm.LLAMA3_CLUSTER), "{:.1f} GB",
-                                 source="planner.memory_budget_gb: HBM x (1 - headroom)"),
-            "p8k_nohead_best": Number(describe(full), "{}", source=_PLAN + ", headroom 0"),
-            "p8k_nohead_gb": Number(full.memory_gb_per_gpu, "{:.0f} GB", source=_PLAN + ", headroom 0")}
+                                 source="planner.memory_budget_gb: the cost model's HBM x (1 - headroom)"),
+            "planner_hbm_gib": assumed(cm.LLAMA3_CLUSTER.hbm_gb * 1e9 / 2**30, "{:.0f} GiB",
+                                       source="costmodel.hardware.Cluster.hbm_gb (--hbm-gb): the "
+                                              "planner's capacity of an H100, 80 GiB"),
+            **in_scenario({"p8k_nohead_best": Number(describe(full), "{}", source=_PLAN + ", headroom 0"),
+                           "p8k_nohead_gb": Number(full.memory_gb_per_gpu, "{:.0f} GB",
+                                                   source=_PLAN + ", headroom 0")}, "planner")}
 
 
 def _table4_rank(p, dp: int) -> int:
@@ -303,7 +309,7 @@ def _plans() -> dict[str, Number]:
         out.update({f"{key}_best": Number(describe(best), "{}", source=_PLAN),
                     f"{key}_mfu": predicted(best.mfu, None, _PLAN),
                     f"{key}_gpus": Number(WORKED[pair][2], source="the worked example")})
-    return out
+    return in_scenario(out, "planner")
 
 
 def _exercise() -> dict[str, Number]:

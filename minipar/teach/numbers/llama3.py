@@ -10,8 +10,7 @@ from ...plan.costmodel.table4 import TABLE4
 from ...plan.flops import layer_param_count, param_count
 from ...plan.formulas.collectives import wire_bytes
 from ...plan.formulas.context_parallel import cp_kv_bytes
-from ...plan.formulas.data_parallel import dp_bytes
-from ...plan.formulas.memory import layer_saved_elements
+from ...plan.formulas.memory import activation_elements
 from ...plan.formulas.tensor_parallel import tp_layer_bytes
 from ...plan.memory import BF16_MIXED
 from .core import Number, assumed, derived, paper
@@ -31,7 +30,9 @@ def _facts() -> dict[str, Number]:
         "dim": paper(m.dim, source="Table 3"),
         "heads": paper(m.n_heads, source="Table 3"),
         "kv_heads": paper(m.n_kv_heads, source="Table 3"),
-        "vocab": paper(m.vocab_size, source="Table 3"),
+        "vocab": Number(m.vocab_size, source="the released tokenizer (Hugging Face config.json "
+                        "vocab_size): the paper's 128,000 tokens and 256 special tokens"),
+        "vocab_paper": paper(128_000, source="Table 3: vocabulary size 128,000"),
         "seq": paper(row1.seq_len, source="Table 4"),
         "tp": paper(row1.tp, source="Table 4"),
         "pp": paper(row1.pp, source="Table 4"),
@@ -65,7 +66,10 @@ def _facts() -> dict[str, Number]:
 
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
-HBM_GB = 80              # the paper's "80GB HBM3" (the cost model uses its 80 GiB)
+HBM_GB = 80              # the paper's "80GB HBM3": the product's name; the divisor is
+#                          what nvidia-smi reports (HBM_BYTES), the one HBM figure of the book
+NVIDIA_SMI_MIB = 81_559  # nvidia-smi's total memory of an H100 SXM 80GB
+HBM_BYTES = NVIDIA_SMI_MIB * 2**20
 TYPICAL_MFU = 0.4
 TRAIN_TOKENS = 15.6e12    # Section 3.1.1 ... "15.6T tokens"
 
@@ -110,14 +114,20 @@ def _model_size(m: ModelConfig) -> dict[str, Number]:
 
 
 def _activations(m: ModelConfig, seq: int) -> dict[str, Number]:
-    """One sequence's activations in bf16, no split of a layer: the memory chapter's count."""
-    layer = layer_saved_elements(m) * seq * BF16_MIXED.act_bytes
+    """One sequence's activations in bf16, no split of a layer, by the fused count the book
+    uses for Llama 3 (flash attention, fused norms: `formulas.memory.activation_elements`,
+    the cost model's count); the paper names no kernels, so the count is an assumption."""
+    layer = activation_elements(m, 1, False, "none") * seq * BF16_MIXED.act_bytes
     total = layer * m.n_layers
     return {
-        "act_layer_gb": derived(layer / 1e9, "{:.1f} GB", "formulas.memory.layer_saved_elements, s = 8,192"),
-        "act_seq_gb": derived(total / 1e9, "{:,.0f} GB", "formulas.memory.layer_saved_elements x 126 layers",
+        "act_layer_gb": assumed(layer / 1e9, "{:.2f} GB",
+                                "formulas.memory.activation_elements (fused kernels), s = 8,192"),
+        "act_seq_gb": assumed(total / 1e9, "{:,.0f} GB",
+                              "formulas.memory.activation_elements (fused kernels) x 126 layers",
                               quantity="seq_activations"),
-        "act_seq_gpus": derived(int(total / (HBM_GB * 1e9)), source="/ 80 GB"),
+        "act_seq_gpus": derived(int(total / HBM_BYTES), source="/ nvidia-smi's 85.5 GB"),
+        "act_per_sh": derived(activation_elements(m, 1, False, "none") * BF16_MIXED.act_bytes / m.dim,
+                              "{:.1f}", "bytes per token and layer / h, fused count"),
     }
 
 
@@ -149,7 +159,6 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
     kv_all = cp_kv_bytes(row3.seq_len, m.n_kv_heads, m.head_dim, act)
     kv_gpu = cp_kv_bytes(row3.seq_len // row3.cp, kv_heads, m.head_dim, act)
     local = param_count(m) / (row2.tp * row2.pp)
-    dp = dp_bytes(local, row2.dp, zero=1, grad_bytes=4, param_bytes=2)
     return {
         "act_gb": derived(a / 1e9, "{:.2f} GB", "[8192, 16384] in bf16"),
         "tp_layer_gb": derived(tp_layer / 1e9, "{:.1f} GB", "formulas.tensor_parallel.tp_layer_bytes, TP8"),
@@ -159,8 +168,6 @@ def _axes(m: ModelConfig) -> dict[str, Number]:
         "pp_send_sp_mb": derived(a / row2.tp / 1e6, "{:.0f} MB", "with SP: each TP rank its 1/8"),
         "layers_per_stage": derived(m.n_layers / row2.pp, "{:.1f}", "126 / 16"),
         "dp_local_b": derived(local / 1e9, "{:.1f} billion", "N / (TP x PP)"),
-        "dp_rs_gb": derived(local * 4 / 1e9, "{:.1f} GB", "fp32 gradients"),
-        "dp_step_gb": derived(dp / 1e9, "{:.0f} GB", "formulas.data_parallel.dp_bytes, ZeRO-1, DP128"),
         "weights_per_gpu_gb": derived(local * 2 / 1e9, "{:.1f} GB", "bf16, N / (TP x PP)"),
     }
 

@@ -17,7 +17,7 @@ from ...plan.costmodel.time import dp_terms, microbatch_seconds
 from ...plan.datasheets import SHEETS
 from ...plan.flops import attention_flops_per_token, dense_flops_per_token, flops_per_token
 from ...runtime.topology import straddling_replicas
-from .core import Number, derived, measured, predicted
+from .core import Number, derived, in_scenario, measured, predicted
 
 _CM = "cost model (costmodel.table4), Table 4 row {}"
 _PARTS = ("compute", "tp", "cp", "bubble", "pp", "dp", "optimizer")
@@ -52,7 +52,10 @@ def _row(i: int, row, e) -> dict[str, Number]:
     })
     for axis, nbytes in e.comm_bytes_per_gpu.items():
         out[p + f"{axis}_gb"] = derived(nbytes / 1e9, "{:.1f} GB", src + ", costmodel.wire")
-    return out
+    published = {p + k for k in ("mfu_exact", "step_published_s", "flops_per_token", "gap_pts")}
+    model = in_scenario({k: v for k, v in out.items() if k not in published}, f"table4-row{i}",
+                        {p + "dp_s": "dp_exposed_s", p + "dp_gb": "dp_bytes_step"})
+    return {**out, **model}
 
 
 def _table4_numbers() -> dict[str, Number]:
@@ -62,18 +65,21 @@ def _table4_numbers() -> dict[str, Number]:
     rows = _table4()
     (row1, e1), (_, e2), (_, e3) = rows
     b1, b2 = e1.bubble_fraction, e2.bubble_fraction
+    row1 = {
+        "bubble_only_mfu": predicted(e1.mfu * (1 - b2) / (1 - b1), "llama3",
+                                     "row 1's MFU with row 2's bubble", "derived"),
+        "tp_over_dp": derived(e1.comm_bytes_per_gpu["tp"] / e1.comm_bytes_per_gpu["dp"], "{:.1f}",
+                              "row 1: TP bytes / DP bytes"),
+        "row1_dp_wire_s": derived(cm.wire_seconds(e1, "dp", cm.LLAMA3_CLUSTER), "{:.2f} s",
+                                  "row 1's DP bytes at the DP ring's bandwidth"),
+    }
+    out.update(in_scenario(row1, "table4-row1"))
     out.update({
         "rows_within": derived(sum(100 * abs(e.mfu - r.mfu) <= TOLERANCE for r, e in rows), "{}",
                                "rows predicted within table4.TOLERANCE points"),
         "max_gap_pts": derived(max(100 * abs(e.mfu - r.mfu) for r, e in rows), "{:.1f}", "worst row"),
         "gaps_signed": derived(", ".join(f"{100 * (e.mfu - r.mfu):+.1f}" for r, e in rows), "{}",
                                "predicted - published, rows 1-3"),
-        "bubble_only_mfu": predicted(e1.mfu * (1 - b2) / (1 - b1), "llama3",
-                                     "row 1's MFU with row 2's bubble", "derived"),
-        "tp_over_dp": derived(e1.comm_bytes_per_gpu["tp"] / e1.comm_bytes_per_gpu["dp"], "{:.0f}",
-                              "row 1: TP bytes / DP bytes"),
-        "row1_dp_wire_s": derived(cm.wire_seconds(e1, "dp", cm.LLAMA3_CLUSTER), "{:.2f} s",
-                                  "row 1's DP bytes at the DP ring's bandwidth"),
         "row3_tp_share": derived(e3.time_breakdown_s["tp"] / e3.step_time_s, "{:.0%}", "row 3: TP / step"),
         "row2_tp_share": derived(e2.time_breakdown_s["tp"] / e2.step_time_s, "{:.0%}", "row 2: TP / step"),
     })
@@ -92,10 +98,11 @@ def _dp_reductions() -> dict[str, Number]:
         t_mb = microbatch_seconds(s).critical
         dp = dp_terms(s, t_mb)
         src = _CM.format(i) + ", costmodel.time.dp_terms"
-        out.update({f"row{i}_rs_total_s": derived(e.microbatches * dp.reduce_scatter, "{:.1f} s", src),
-                    f"row{i}_late_s": derived(dp.late, "{:.1f} s", src),
-                    f"row{i}_pp_nic_s": derived(dp.pp_nic, "{:.2f} s", src),
-                    f"row{i}_mb_s": derived(t_mb, "{:.2f} s", src)})
+        out.update(in_scenario({
+            f"row{i}_rs_total_s": derived(e.microbatches * dp.reduce_scatter, "{:.1f} s", src),
+            f"row{i}_late_s": derived(dp.late, "{:.1f} s", src),
+            f"row{i}_pp_nic_s": derived(dp.pp_nic, "{:.2f} s", src),
+            f"row{i}_mb_s": derived(t_mb, "{:.2f} s", src)}, f"table4-row{i}"))
     return out
 
 
@@ -158,12 +165,18 @@ def _constants() -> dict[str, Number]:
     out = {name.replace(".", "_"): measured(c[name].value, fmt, c[name].source)
            for name, fmt in formats.items()}
     out["n_constants"] = Number(len(c), source="python -m minipar.costmodel constants")
+    out["cp_chunk_peak_share"] = derived(c["attention.cudnn_cp_chunk"].value / cm.LLAMA3_CLUSTER.peak_tflops,
+                                         "{:.0%}", "cuDNN's measured TFLOP/s on a CP16 rank's chunk / "
+                                         "the H100's dense bf16 peak")
     out["nanotron_bucket_mb"] = Number(cm.FRAMEWORKS["nanotron"].bucket, "{:g} MB",
                                        source=cm.FRAMEWORKS["nanotron"].sources["bucket"])
     out["n_runs"] = Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv")
     for name in cm.FRAMEWORKS:
+        if name == "llama3":
+            continue        # Llama 3's own stack: row1_mfu_model, one estimate, one key
         e = _table4(name)[0][1]
-        out[f"row1_mfu_{name}"] = predicted(e.mfu, name, f"costmodel.table4('{name}'), row 1", "derived")
+        out.update(in_scenario({f"row1_mfu_{name}": predicted(e.mfu, name, f"costmodel.table4('{name}'), row 1",
+                                                           "derived")}, f"row1-stack-{name}"))
     for i, (row, e) in enumerate(slowest_kernels_table4(), 1):
         out[f"slow_gap_{i}"] = derived(100 * (e.mfu - row.mfu), "{:.1f}",
                                        "Table 4 under the llama3 stack with the slowest kernels measured")
@@ -176,7 +189,8 @@ def _nic_window() -> dict[str, Number]:
     sweep = nic_sensitivity()
     lo, hi = nic_window(sweep)
     src = "costmodel.table4.nic_window over nic_sensitivity()"
-    return {"nic_window_lo": derived(lo, "{:.1%}", src), "nic_window_hi": derived(hi, "{:.1%}", src)}
+    return in_scenario({"nic_window_lo": derived(lo, "{:.1%}", src),
+                        "nic_window_hi": derived(hi, "{:.1%}", src)}, "table4-nic-sweep")
 
 
 def slowest_kernels_table4():
@@ -196,6 +210,7 @@ def _memory() -> dict[str, Number]:
         out[f"{r}_gb"] = derived(est[r].memory_gb_per_gpu, "{:.1f} GB", src + f", recompute {r}")
         out[f"{r}_mfu"] = predicted(est[r].mfu, None, src + f", recompute {r}", "derived")
         out[f"{r}_hfu"] = derived(est[r].hfu, "{:.0%}", src + f", recompute {r}")
+    out = in_scenario(out, "row1-no-stack")
     out.update({
         "in_flight": derived(cm.in_flight_microbatches("interleaved", row1.pp, est["none"].microbatches, 0, 8),
                              "{:.1f}", "formulas.memory.in_flight_microbatches"),
@@ -241,7 +256,7 @@ def _search() -> dict[str, Number]:
         out.update({"search_none_best": derived(layout_name(none[0]), "{}", src + ", no recomputation"),
                     "search_none_mfu": predicted(none[0].mfu, "llama3", src + ", no recomputation", "derived"),
                     "search_none_rank": derived(found.index(none[0]) + 1, "{}", src)})
-    return out
+    return in_scenario(out, "search-8k")
 
 
 def numbers() -> dict[str, Number]:

@@ -11,6 +11,7 @@ from ...plan.schedules import split_layers
 from ...plan.schedules import Action, make_schedule, simulate
 from .. import replays
 from .core import Number, assumed, derived, from_replay, predicted, two_digits
+from .core import in_scenario
 
 P, M, V, T_COMM = 4, 8, 2, 0.2      # the chapter's interleaved example, with a transfer time
 
@@ -82,8 +83,9 @@ def _replayed() -> dict[str, Number]:
     for key, name in (("1f1b", "pipeline_parallel"), ("interleaved", "pipeline_parallel_interleaved")):
         run = replays.replayed(name)
         out[f"replay_bubble_{key}"] = from_replay(run.bubble_fraction, "{:.0%}", src.format(name))
-        out[f"replay_formula_{key}"] = derived(replays.estimated(name).bubble_fraction, "{:.0%}",
-                                               "(p-1)/(v m+p-1), replays.estimated")
+        out.update(in_scenario({f"replay_formula_{key}": derived(
+            replays.estimated(name).bubble_fraction, "{:.0%}", "(p-1)/(v m+p-1), replays.estimated")},
+            "pp-replay-8b"))
     work = stage_compute_s(replays.replayed("pipeline_parallel").trace)
     out["replay_last_stage_extra"] = from_replay(work[max(work)] / work[0] - 1, "{:.0%}",
                                                  "last stage's F+B seconds / the first's - 1")
@@ -97,7 +99,15 @@ def _llama3_replayed() -> dict[str, Number]:
     run, est = replays.replayed("llama3"), replays.estimated("llama3")
     recorded = run.trace["otherData"]["minipar"]["replay"]["recorded"]["layout"]
     src, model = "replays.replayed('llama3')", "replays.estimated('llama3'): the cost model"
+    estimated = in_scenario({
+        "l3_model_step": derived(two_digits(est.step_time_s), "{:g} s", model),
+        "l3_model_mfu": predicted(est.mfu, "llama3", model, "derived"),
+        "l3_model_bubble": derived(est.bubble_fraction, "{:.0%}", model),
+        "l3_model_dp": derived(two_digits(est.time_breakdown_s["dp"]), "{:g} s", model),
+        "l3_model_tp": derived(two_digits(est.time_breakdown_s["tp"]), "{:g} s", model),
+    }, "row1-replayed-program", [("l3_model_dp", "dp_exposed_s")])
     return {
+        **estimated,
         "l3_ranks": Number(len(run.trace["otherData"]["minipar"]["ranks"]), source=src),
         "l3_recorded_tp": Number(recorded["tp"], source=src),
         "l3_recorded_dp": Number(recorded["dp"], source=src),
@@ -108,11 +118,6 @@ def _llama3_replayed() -> dict[str, Number]:
         "l3_dp_exposed": from_replay(two_digits(run.exposed_s["dp"]), "{:g} s", src),
         "l3_tp_exposed": from_replay(two_digits(run.exposed_s["tp"]), "{:g} s", src),
         "l3_pp_exposed": from_replay(two_digits(run.exposed_s["pp"]), "{:g} s", src),
-        "l3_model_step": derived(two_digits(est.step_time_s), "{:g} s", model),
-        "l3_model_mfu": predicted(est.mfu, "llama3", model, "derived"),
-        "l3_model_bubble": derived(est.bubble_fraction, "{:.0%}", model),
-        "l3_model_dp": derived(two_digits(est.time_breakdown_s["dp"]), "{:g} s", model),
-        "l3_model_tp": derived(two_digits(est.time_breakdown_s["tp"]), "{:g} s", model),
     }
 
 
