@@ -11,14 +11,13 @@ at the end of a run (`hf.export_run`): the ranks' slices are gathered to rank 0 
 read from files. The trainer imports `hf`, never this command.
 """
 
-import os
-import signal
 import sys
 
 import torch
 
 from ..plan.config import ConfigError, ModelConfig
 from ..plan.flags import Parser
+from ..plan.pipes import closed_pipe_exit
 from . import checkpoint
 from .hf import WriteError, check_model_memory, save_pretrained
 
@@ -41,21 +40,6 @@ def checkpoint_state(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], d
     return model, checkpoint.check_contents(step_dir, manifest, model), manifest
 
 
-def print_or_close(*args, **kw) -> bool:
-    """`print`, to a stdout whose reader may have gone (`| head`): then stdout is pointed at
-    /dev/null (so that Python's last flush at exit is quiet too) and False is returned; the
-    caller ends, as Unix tools do, quietly (`CLOSED_PIPE`)."""
-    try:
-        print(*args, **{"flush": True, **kw})
-        return True
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return False
-
-
-CLOSED_PIPE = 128 + signal.SIGPIPE     # the status a shell shows for a tool SIGPIPE ended
-
-
 def main(argv=None) -> int:
     p = Parser(prog=PROG, description="Write a minipar checkpoint (any layout) as a Hugging "
                                       "Face Llama directory.")
@@ -74,6 +58,9 @@ def main(argv=None) -> int:
     except WriteError as e:     # a full disk: nothing left behind, the old --out kept
         print(f"{PROG}: error: --out {args.out}: {e}", file=sys.stderr)
         return 1
-    # the directory is written: a reader of this line who has gone changes nothing
-    print_or_close(f"wrote {out} ({mcfg.n_layers} layers, dim {mcfg.dim}, vocab {mcfg.vocab_size})")
+    try:
+        print(f"wrote {out} ({mcfg.n_layers} layers, dim {mcfg.dim}, vocab {mcfg.vocab_size})",
+              flush=True)
+    except BrokenPipeError:     # the directory is written: a reader who has gone changes nothing
+        closed_pipe_exit()
     return 0

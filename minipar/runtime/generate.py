@@ -34,8 +34,9 @@ from tokenizers import Tokenizer
 
 from ..plan.config import ConfigError, refuse
 from ..plan.flags import Parser
+from ..plan.pipes import quiet_on_closed_pipe
 from ..trainer.model import Transformer
-from .export import CLOSED_PIPE, checkpoint_state, print_or_close
+from .export import checkpoint_state
 from .hf import (CONFIG, check_dir, check_model_memory, hf_name, inside, read_config,
                  tokenizer_file, weight_files)
 
@@ -285,6 +286,7 @@ def main(argv=None) -> int:
         return 1
 
 
+@quiet_on_closed_pipe
 def write(args) -> int:
     """Check the flags, load the model, check it can continue the prompt, then stream."""
     try:
@@ -300,12 +302,11 @@ def write(args) -> int:
     if n < 100e6:      # say why before the reader wonders (stdout stays the text alone)
         print(f"{PROG}: note: a {n / 1e6:.1f}M-parameter model writes gibberish; fluent text "
               "takes billions of parameters and tokens; this shows the mechanics", file=sys.stderr)
-    # a reader that has gone (`| head -c 20`) ends the text quietly, as it ends `yes`
-    if not print_or_close(args.prompt, end="", flush=True):
-        return CLOSED_PIPE
+    # a reader that has gone (`| head -c 20`) ends the text quietly (`quiet_on_closed_pipe`)
+    print(args.prompt, end="", flush=True)
     ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                    stop)
     for piece in stream(codec, ids):
-        if not print_or_close(piece, end="", flush=True):
-            return CLOSED_PIPE
-    return 0 if print_or_close() else CLOSED_PIPE
+        print(piece, end="", flush=True)
+    print(flush=True)
+    return 0

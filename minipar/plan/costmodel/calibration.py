@@ -159,32 +159,39 @@ def _model(name: str) -> ModelConfig:
     return PLAYBOOK_MODELS[name] if name in PLAYBOOK_MODELS else ModelConfig.preset(name)
 
 
+def _layout(row: dict, **rest) -> tuple[ParallelConfig, int, int, int]:
+    """(layout, sequence length, sequences per step, micro-batch size) of a row of any of the
+    evaluation files: its degrees, sequence parallelism where tp > 1, the batch cut into
+    micro-batches of `mbs` sequences (1 where the row leaves it empty) per DP rank; `rest`
+    the layout's other fields, as each file's runs set them."""
+    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
+    seq, batch, mbs = int(row["seq_len"]), int(row["global_batch_seqs"]), int(row["mbs"] or 1)
+    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1, microbatches=batch // (dp * mbs),
+                        **rest)
+    return pc, seq, batch, mbs
+
+
 def _run(row: dict) -> PublishedRun:
     """A CSV row as a `PublishedRun`. Llama 3's rows leave ZeRO, micro-batches and
     micro-batch size empty: its paper's FSDP is ZeRO-1-like, one sequence per micro-batch,
     8 model chunks per rank (126 layers + embedding + head on 16 x 8 stages)."""
-    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
-    seq, batch = int(row["seq_len"]), int(row["global_batch_seqs"])
-    mbs = int(row["mbs"] or 1)
     llama3 = row["source"].startswith("llama3")
-    v = 8 if row["schedule"] == "interleaved" else 1
-    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=int(row["zero"] or 1), sp=tp > 1,
-                        tp_overlap=False,
-                        schedule=row["schedule"], virtual_stages=v,
-                        microbatches=batch // (dp * mbs), cp_impl="allgather")
+    pc, seq, batch, mbs = _layout(row, zero=int(row["zero"] or 1), tp_overlap=False,
+                                  schedule=row["schedule"], cp_impl="allgather",
+                                  virtual_stages=8 if row["schedule"] == "interleaved" else 1)
     name = row.get("framework") or ("llama3" if llama3 else "nanotron")
     pc, precision, eff = apply(framework(name), _model(row["model"]), pc)
     cluster = LLAMA3_CLUSTER if llama3 else PLAYBOOK_CLUSTER
     split = "trainer" if llama3 else "nanotron"  # Llama 3's split (`table4.PAPER_SPLIT`); nanotron's own rule
     model, printed = _model(row["model"]), float(row["mfu"])
-    ratio = 1.0 if llama3 else playbook_flops_ratio(model, pp, seq)
+    ratio = 1.0 if llama3 else playbook_flops_ratio(model, pc.pp, seq)
     return PublishedRun(row["source"], model, pc, cluster,
                         Workload(seq, batch, mbs, stage_split=split), printed / ratio, printed,
                         name, row.get("note") or "", precision, eff)
 
 
 # Published peak memory per GPU with the runs that printed it (torchtitan's tables, the
-# Playbook's allocated figures): `memory_runs`, compared by `evaluate.memory_comparison`.
+# Playbook's allocated figures): `memory_rows`, compared by `evaluate.memory_comparison`.
 MEMORY_FILE = Path(__file__).parent / "data" / "published_memory.csv"
 GIB = 2 ** 30 / 1e9       # GB (1e9 bytes, the model's unit) in one GiB (what torch's counters print)
 # torchtitan's published runs: Grand Teton hosts of 8 H100 with 96 GB of HBM2e at 2.4 TB/s,
@@ -250,14 +257,11 @@ def nemo_run(row: dict) -> PublishedRun:
     ("trainer" split). The MFU is counted from the measured tokens/s in minipar's count
     (the README's own MFU uses the recipe's FLOP count)."""
     model = nemo_model(row)
-    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
-    seq, batch, mbs = int(row["seq_len"]), int(row["global_batch_seqs"]), int(row["mbs"])
-    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=1, sp=tp > 1, schedule=row["schedule"],
-                        virtual_stages=int(row["virtual_stages"]),
-                        microbatches=batch // (dp * mbs), cp_impl="ring")
+    pc, seq, batch, mbs = _layout(row, zero=1, schedule=row["schedule"], cp_impl="ring",
+                                  virtual_stages=int(row["virtual_stages"]))
     pc, precision, eff = apply(nemo_framework(row["file"]), model, pc)
-    gpus = int(row["gpus"])
-    mfu = flops.mfu(float(row["tokens_per_s_total"]), model, seq, NEMO_CLUSTER.peak_flops, gpus)
+    mfu = flops.mfu(float(row["tokens_per_s_total"]), model, seq, NEMO_CLUSTER.peak_flops,
+                    int(row["gpus"]))
     return PublishedRun(row["source"], model, pc, NEMO_CLUSTER,
                         Workload(seq, batch, mbs, row["recompute"], stage_split="trainer"),
                         mfu, float(row["printed_mfu_pct"]) / 100, "nemo", "",
@@ -313,12 +317,9 @@ def torchtitan_run(row: dict) -> PublishedRun:
     layout (FSDP = ZeRO-3 without PP, `frameworks.TORCHTITAN`), its batch cut into
     `global_batch_seqs / (dp x mbs)` micro-batches of `mbs` sequences, its recompute mode,
     layers dealt evenly to pp x v stages, CP by all-gather. It printed no MFU (0 here)."""
-    tp, cp, pp, dp = (int(row[k]) for k in ("tp", "cp", "pp", "dp"))
-    seq, batch, mbs = int(row["seq_len"]), int(row["global_batch_seqs"]), int(row["mbs"])
     model = _model(row["model"])
-    pc = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, zero=int(row["zero"] or 1), sp=tp > 1,
-                        schedule=row["schedule"], virtual_stages=int(row["virtual_stages"]),
-                        microbatches=batch // (dp * mbs), cp_impl="allgather")
+    pc, seq, batch, mbs = _layout(row, zero=int(row["zero"] or 1), schedule=row["schedule"],
+                                  cp_impl="allgather", virtual_stages=int(row["virtual_stages"]))
     pc, precision, eff = apply(framework(row["framework"]), model, pc)
     return PublishedRun(row["source"], model, pc, TORCHTITAN_CLUSTER,
                         Workload(seq, batch, mbs, row["recompute"]), 0.0, 0.0,

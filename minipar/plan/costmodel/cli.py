@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def tp_comm_overlap(args) -> bool | None:
+    """--tp-comm-overlap as True or False (None: not given, the framework's own), refused
+    beside the --tp-overlap it contradicts."""
+    if args.tp_overlap and args.tp_comm_overlap == "off":
+        raise ConfigError("--tp-comm-overlap off contradicts --tp-overlap: give one")
+    return {"on": True, "off": False}.get(args.tp_comm_overlap)
+
+
 def _add_tp_comm_overlap(g) -> None:
     g.add_argument("--tp-comm-overlap", choices=("on", "off"),
                    help="TP's all-gathers and reduce-scatters pipelined with the matmuls "
@@ -201,11 +209,10 @@ def config_from_args(args) -> tuple[ModelConfig, Cluster, ParallelConfig, Worklo
         if on and not sp:
             raise ConfigError(f"{flag} needs sequence parallelism: " + (
                 "drop --no-sp" if args.sp is False else f"it is off because --tp {d['tp']} is 1"))
-    if args.tp_overlap and args.tp_comm_overlap == "off":
-        raise ConfigError("--tp-comm-overlap off contradicts --tp-overlap: give one")
+    comm_overlap = tp_comm_overlap(args)
     parallel = ParallelConfig(tp=d["tp"], cp=d["cp"], pp=d["pp"], dp=d["dp"], zero=args.zero,
                               bucket_mb=args.bucket_mb, sp=sp,
-                              tp_overlap=args.tp_overlap or args.tp_comm_overlap == "on",
+                              tp_overlap=bool(args.tp_overlap or comm_overlap),
                               schedule=schedule, virtual_stages=v, cp_impl=args.cp_impl)
     args.notes = notes + more
     return model, cluster, parallel, work
@@ -383,21 +390,21 @@ def format_plan(p, cluster: Cluster, framework: str | None = None) -> str:
 
 
 def plan_main(argv) -> int:
-    args = build_plan_parser().parse_args(argv)
+    parser = build_plan_parser()
+    args = parser.parse_args(argv)
     try:
         model, cluster = _model_and_cluster(args)
         bad = model.problems() + cluster.problems() + positive(gpus=args.gpus)
         if bad:
             raise ConfigError(*bad)
-        if args.tp_overlap and args.tp_comm_overlap == "off":
-            raise ConfigError("--tp-comm-overlap off contradicts --tp-overlap: give one")
-        overlap = ({"on": True, "off": False}[args.tp_comm_overlap] if args.tp_comm_overlap
-                   else True if args.tp_overlap else None if args.framework else False)
+        overlap = tp_comm_overlap(args)
+        if overlap is None:      # --tp-overlap, else the framework's own, else off
+            overlap = True if args.tp_overlap else None if args.framework else False
         p = plan(model, cluster, args.gpus, args.seq_len, args.global_batch_tokens,
                  top=args.top, tp_overlap=overlap, headroom=args.memory_headroom,
                  framework=args.framework)
         for e in p.ranked:
-            refuse_non_finite(e.as_dict(), build_plan_parser(), args, argv)
+            refuse_non_finite(e.as_dict(), parser, args, argv)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -446,8 +453,8 @@ def main(argv=None) -> int:
         if name is not None:
             if args.framework is None:
                 args.notes.append(f"chose --framework {name} (the preset's own stack)")
-            overlap = {"on": True, "off": False}.get(args.tp_comm_overlap)
-            pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision, overlap)
+            pc, precision, eff = apply(FRAMEWORKS[name], model, parallel, precision,
+                                       tp_comm_overlap(args))
         given = {k: getattr(parallel, k) for k, flag in (("zero", "--zero"), ("bucket_mb", "--bucket-mb"),
                                                          ("tp_overlap", "--tp-overlap"))
                  if any(a == flag or a.startswith(flag + "=") for a in argv)}

@@ -29,7 +29,7 @@ its band, the range published runs of the same stack fell in around such predict
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...plan.costmodel.band import band_note, mfu_band
 
@@ -171,7 +171,6 @@ def in_scenario(numbers: dict[str, Number], scenario: str, quantities=()) -> dic
     """`numbers` (cost-model numbers) tagged with the scenario they were computed for: its
     name in `scenario` and at the end of each source; `quantities`, (key, quantity) pairs or
     a dict, names the quantities among them (one key per quantity and scenario, `merge`)."""
-    from dataclasses import replace
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario {scenario!r} is not one of {sorted(SCENARIOS)}")
     quantities = dict(quantities)
