@@ -50,21 +50,28 @@ notebooks: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 $(NB)
 
+# flock: two builds at once (two terminals, or a build during test-html) would interleave
+# their files in _build; the second waits for the first.
 book: $(STAMP)
-	$(BIN)/jupyter-book build . $(BOOK_FLAGS)
+	flock _build.lock $(BIN)/jupyter-book build . $(BOOK_FLAGS)
 
 # The browser check of the built book: tests/html/check.mjs serves _build/html on
 # 127.0.0.1, opens every page in Debian's Chromium (/usr/bin/chromium; .ci/run installs it)
-# and fails on console errors, requests that fail or leave the machine, broken images and
-# links, untypeset math, and explorers that do not draw or redraw. Screenshots of each
-# page's first screen go to _build/screens/, with what each explorer drew
-# (explorers-drawn.json), which tests/html/test_agreement.py then compares with the Python
-# figures (`make test` leaves tests/html out: tests/conftest.py).
+# at 1280x800, at a phone's 390x844 and at device scale factor 2, and fails on console
+# errors, requests that fail or leave the machine, broken images and links, untypeset math,
+# a page wider than the screen, figure text under 9 px, a table of contents that does not
+# open (phone) or fold away (laptop), captions under WCAG AA contrast, a page over 2.5 MB,
+# search without snippets from file://, and explorers that do not draw or redraw. It prints
+# each page's weight and the smallest figure text at 390 px. Screenshots go to
+# _build/screens/, with what each explorer drew (explorers-drawn.json), which
+# tests/html/test_agreement.py then compares with the Python figures; tests/html/
+# test_pages.py tests book/_ext's page rewriting (`make test` leaves tests/html out:
+# tests/conftest.py).
 HTML_CHECK := tests/html
 test-html: $(HTML_CHECK)/node_modules/.installed $(STAMP)
 	@test -f _build/html/index.html || { echo "no _build/html: run make book first"; exit 1; }
-	node $(HTML_CHECK)/check.mjs _build/html _build/screens
-	$(BIN)/python -m pytest $(HTML_CHECK) --confcutdir=$(HTML_CHECK) -q
+	flock _build.lock node $(HTML_CHECK)/check.mjs _build/html _build/screens
+	flock _build.lock $(BIN)/python -m pytest $(HTML_CHECK) --confcutdir=$(HTML_CHECK) -q
 
 $(HTML_CHECK)/node_modules/.installed: $(HTML_CHECK)/package.json $(HTML_CHECK)/package-lock.json
 	npm ci --prefix $(HTML_CHECK) --no-audit --no-fund

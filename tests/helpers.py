@@ -69,3 +69,40 @@ def shard_dim(param_name: str, plan=TP_PLAN) -> int | None:
 def wire_bytes_of(axis: str) -> int:
     """The bytes `comm.LOG` counted on the wire for `axis` since its last reset, every op."""
     return sum(op["wire_bytes"] for op in comm.LOG.summary().get(axis, {}).values())
+
+
+# ---------------------------------------------------------------- expert parallelism
+from minipar.trainer.placement import Shard, placements  # noqa: E402
+
+
+def capture_placed_grads(step: int, chunks, dp, grid) -> dict | None:
+    """An `after_backward` hook for layouts with experts: after step 0, each parameter's
+    gradient whole over its data-parallel group (ZeRO pieces summed over the group its
+    bucket reduces over: dp x cp, or edp for an expert) with its cuts, {axis: (dim, rank,
+    size)} from its placement record; and after every step each MoE layer's routing bias."""
+    out = {"bias": {n: b.clone() for c in chunks for n, b in c.named_buffers()
+                    if n.endswith("expert_bias")}}
+    if step != 0:
+        return out
+    held, grads = {id(p): g for g, p in dp.grads()}, {}
+    with comm.paused():
+        for m in chunks:
+            for name, p in m.named_parameters():
+                if id(p) not in held:
+                    continue
+                g, piece = held[id(p)].detach(), dp.shard_of(p)
+                if not dp.holds_replicas:
+                    flat = g.new_zeros(piece.shape.numel())
+                    flat[piece.start:piece.stop] = g.reshape(-1)
+                    g = comm.all_reduce(flat, dp.bucket_of[p].axis).view(piece.shape)
+                cuts = {a: (how.dim, grid.axes[a].rank, grid.axes[a].size)
+                        for a, how in placements(p).items() if isinstance(how, Shard)}
+                grads[name] = (g.clone(), cuts)
+    return {**out, "grads": grads}
+
+
+def cut(full: torch.Tensor, cuts: dict) -> torch.Tensor:
+    """The slice of `full` that a rank holds, from `capture_placed_grads`' cuts."""
+    for dim, rank, size in cuts.values():
+        full = full.chunk(size, dim=dim)[rank]
+    return full

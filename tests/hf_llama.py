@@ -1,4 +1,5 @@
-"""A tiny Hugging Face Llama directory, built offline (tests of hf.py, export.py, generate.py)."""
+"""A tiny Hugging Face Llama (or Mixtral) directory, built offline (tests of hf.py, export.py,
+generate.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,4 +44,26 @@ def make_hf_llama(path: Path, tie: bool = False, shard_kb: int = 40, tokenizer: 
     model.save_pretrained(path, max_shard_size=f"{shard_kb}KB")
     if tokenizer:
         train_tokenizer(CORPUS.read_text()[:40_000]).save(str(path / "tokenizer.json"))
+    return path
+
+
+def mixtral_config(**kw):
+    """A tiny Mixtral: 4 experts, 2 per token, a RoPE base other than Mixtral's default (so
+    that a config.json which lost it would show)."""
+    transformers = __import__("transformers")
+    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=4, vocab_size=320,
+                max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return transformers.MixtralConfig(**{**base, **kw})
+
+
+def make_hf_mixtral(path: Path, shard_kb: int = 40, seed: int = 0, **kw) -> Path:
+    """save_pretrained a seeded random Mixtral into `path` in several safetensors shards
+    (transformers writes Mistral's layout: `block_sparse_moe`, one tensor per expert matrix)."""
+    transformers = __import__("transformers")
+    torch.manual_seed(seed)
+    model = transformers.MixtralForCausalLM(mixtral_config(**kw)).eval()
+    model.save_pretrained(path, max_shard_size=f"{shard_kb}KB")
     return path

@@ -33,8 +33,8 @@ ALLOWED = Path(__file__).with_name("book_numerals")   # one file per chapter
 
 # The chapters that end in exercises and an explorer (each has notebooks/<name>.ipynb).
 CHAPTERS = ["llama3", "collectives", "data_parallel", "tensor_parallel", "pipeline_parallel",
-            "context_parallel", "memory", "fourd", "mfu", "failures", "cluster", "hf"]
-DEEP_KINDS = {"predict", "bug", "implement", "schedule"}
+            "context_parallel", "experts", "memory", "fourd", "mfu", "failures", "cluster", "hf"]
+DEEP_KINDS = {"predict", "bug", "implement", "schedule", "design"}
 
 # ------------------------------------------------------------------ the numeral scan
 NUMERAL = re.compile(r"(?<![\w.\-/^])\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w\-/])")
@@ -149,7 +149,7 @@ def test_every_number_the_book_uses_exists():
 
 
 def test_every_number_module_is_a_known_chapter():
-    assert set(NUMBER_MODULES) <= set(CHAPTERS) | {"intro"}
+    assert set(NUMBER_MODULES) <= set(CHAPTERS) | {"intro", "accuracy"}
 
 
 def test_every_check_the_book_names_exists():
@@ -435,6 +435,94 @@ def test_issue_40_claims_stay_corrected():
         text = (ROOT / "book" / chapter).read_text()
         for claim in claims:
             assert claim not in text, (chapter, claim)
+
+
+# ------------------------------------------------------------------ the method before the machinery
+# Issue 40: the 4D and MFU chapters open with the reader's method by hand (a section of
+# inequalities, one per axis in the 4D chapter), state the cost model's error on published
+# runs, source by source, before the first number the cost model predicts, and quote every
+# cost-model MFU with its band ("48% (43 to 49%)"), never alone.
+METHOD = {"fourd.md": ("sec-fourd-method", ("TP", "CP", "PP", "DP")),
+          "mfu.md": ("sec-mfu-method", ())}
+ERROR_KEYS = [f"accuracy.src_{source}_{what}" for source in ("table4", "playbook", "nemo")
+              for what in ("mean", "bias")]
+BANDED = re.compile(r"\d+% \(\d+ to \d+%\)")
+INEQUALITY = re.compile(r"\\le\b|\\ge\b|\\leq\b|\\geq\b")
+
+
+def cost_model_number(n) -> bool:
+    """A number the cost model (or the replay, whose physics is the cost model's) computed:
+    it names its scenario (`core.in_scenario`), carries a band, or says it was replayed."""
+    from minipar.teach.numbers.core import Predicted
+    return isinstance(n, Predicted) or bool(n.scenario) or "replays." in n.source
+
+
+def _roles(text: str) -> list[tuple[int, str]]:
+    return [(m.start(), m.group(1).strip()) for m in re.finditer(r"\{n\}`([^`]+)`", text)]
+
+
+def method_problems(text: str, label: str, axes, numbers: dict) -> list[str]:
+    """What keeps a chapter from opening with the method: its first section is not the
+    labelled "The method" section, an axis has no subsection with an inequality, the section
+    uses a cost-model number, or a source's error comes after the first prediction."""
+    sections = re.findall(r"^(?:\(([\w-]+)\)=\n)?## (.+)$", text, re.M)
+    if not sections or sections[0] != (label, sections[0][1]) or not sections[0][1].startswith("The method"):
+        return [f"the first section is {sections[:1]}, not ({label})= '## The method...'"]
+    start = text.index(f"({label})=")
+    end = text.find("\n## ", text.index("\n## ", start) + 1)
+    body = text[start:end if end > 0 else len(text)]
+    problems = [] if INEQUALITY.search(body) else ["the method states no inequality"]
+    for axis in axes:
+        sub = re.search(rf"^### {axis}\b.*?(?=^### |\Z)", body, re.M | re.S)
+        if not sub or not INEQUALITY.search(sub.group(0)):
+            problems.append(f"no '### {axis}' subsection with an inequality")
+    problems += [f"the method uses the cost model's {k}" for _, k in _roles(body)
+                 if k in numbers and cost_model_number(numbers[k])]
+    roles = _roles(text)
+    first = next((pos for pos, k in roles if k in numbers and cost_model_number(numbers[k])), len(text))
+    for key in ERROR_KEYS:
+        if not any(k == key and pos < first for pos, k in roles):
+            problems.append(f"{key} is not stated before the first prediction")
+    return problems
+
+
+def unbanded(text: str, numbers: dict) -> list[str]:
+    """The cost-model MFUs (and TFLOP/s) a page states without their band."""
+    bad = []
+    for _, key in dict.fromkeys(_roles(text)):
+        n, name = numbers.get(key), key.rpartition(".")[2]
+        if n is not None and ("mfu" in name or "tflops" in name) and cost_model_number(n) \
+                and not BANDED.fullmatch(n.text()):
+            bad.append(f"{key} = {n.text()}")
+    return bad
+
+
+@pytest.mark.parametrize("chapter", METHOD)
+def test_chapter_opens_with_the_method_and_the_models_error(chapter):
+    label, axes = METHOD[chapter]
+    problems = method_problems((BOOK / chapter).read_text(), label, axes, all_numbers())
+    assert not problems, f"book/{chapter}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("chapter", METHOD)
+def test_every_cost_model_mfu_carries_its_band(chapter):
+    bad = unbanded((BOOK / chapter).read_text(), all_numbers())
+    assert not bad, f"book/{chapter} quotes cost-model MFUs without their band:\n" + "\n".join(bad)
+
+
+def test_the_method_checks_can_fail():
+    """A page that predicts before it states the errors, lacks an axis's inequality and
+    quotes an MFU without its band fails each check."""
+    numbers = all_numbers()
+    numbers = {**numbers, "x.row_mfu": numbers["mfu.row1_tflops_model"]}
+    page = ("# T\n\n(sec-m)=\n## The method\n\n### TP\n\n$$a \\le b$$\n\n### CP\n\nno inequality\n\n"
+            "## Then\n\n{n}`x.row_mfu` and {n}`mfu.row1_mfu_model`, then "
+            + ", ".join(f"{{n}}`{k}`" for k in ERROR_KEYS) + ".\n")
+    problems = method_problems(page, "sec-m", ("TP", "CP"), numbers)
+    assert "no '### CP' subsection with an inequality" in problems
+    assert sum("before the first prediction" in p for p in problems) == len(ERROR_KEYS)
+    assert method_problems(page.replace("(sec-m)=\n", ""), "sec-m", (), numbers)[0].startswith("the first section")
+    assert unbanded(page, numbers) == [f"x.row_mfu = {numbers['x.row_mfu'].text()}"]
 
 
 def test_corrected_claims_stay_corrected():

@@ -837,10 +837,12 @@ def test_rails_ring_algorithms_stage_pace_and_drain():
 def test_fit_figure_draws_every_row_and_held_out_cell():
     import matplotlib
     matplotlib.use("Agg")
-    from minipar.teach.figures.fourd import fit_rule
-    fig = fit_rule()
-    filled, hollow = fig.axes[0].collections[1:3]       # after the +-3 band
-    assert len(filled.get_offsets()) == 15 and len(hollow.get_offsets()) == 14
+    from minipar.plan.costmodel.calibration import held_out_runs
+    from minipar.teach.figures.accuracy import predicted_vs_published
+    from minipar.teach.numbers.accuracy import evaluation
+    held, *sources = predicted_vs_published().axes[0].collections[1:]   # after the band
+    assert len(held.get_offsets()) == len(held_out_runs()) > 0
+    assert sum(len(s.get_offsets()) for s in sources) == len(evaluation()[0])
 
 
 # ------------------------------------------------------------------ issue 26: physics, frameworks

@@ -48,18 +48,11 @@ def dp_group(rank, tp, cp, pp, dp):
     return [rank % inner + d * inner for d in range(dp)]
 
 
-def flops_per_token(model, s):
-    return 6 * param_count(model, embeddings=False) + 12 * model.n_layers * model.dim * s
-
-
 def waste(interval, write, mtbf, restart):
     return write / interval + ((interval + write) / 2 + restart) / mtbf
 
 
 NUMERIC = [  # (check, args, right answer, a wrong answer)
-    (E.check_bubble, (4, 8), 3 / 11, 3 / 8),
-    # cp=2, 4 chunks of c=16: rank 0 does diag0, 1x0, diag1; rank 1 five full blocks + 2 diagonals
-    (E.check_contiguous_imbalance, (64, 2), (5 * 256 + 2 * 136) / (256 + 2 * 136), 2.0),
     (E.check_young_daly_interval, (60.0, 3600.0), math.sqrt(2 * 60 * 3600), 60.0),
 ]
 
@@ -73,8 +66,7 @@ PURE = [  # (check, right function, wrong function)
     (E.check_interleaved_bubble, lambda p, m, v: (p - 1) / (v * m + p - 1), lambda p, m, v: (p - 1) / (m + p - 1)),
     (E.check_zigzag, zigzag, lambda s, r, cp: list(range(r * s // cp, (r + 1) * s // cp))),
     (E.check_dp_group, dp_group, lambda r, tp, cp, pp, dp: list(range(r, r + dp))),
-    (E.check_flops_per_token, flops_per_token, lambda m, s: 6 * param_count(m)),
-    (E.check_expected_waste, waste, lambda i, w, m, r: w / i + i / 2 / m),
+    (E.check_expected_waste, waste, lambda i, w, m, r: w / i + i / m),
 ]
 
 
@@ -112,16 +104,21 @@ def test_on_ranks_restarts_a_rank_that_died_once_but_reports_raising_code(tmp_pa
 
 
 # ------------------------------------------------------------ checks behave as a course
-MODEL_STATE_GB = param_count(LLAMA) * 18 / (8 * 16) / 1e9     # Table 4 row 1: 57.07 GB
+# The verdicts of `number`, on a quantity in GB (the model state per GPU of Table 4's row 1,
+# 57.07 GB): every check that reads a number reads it so.
+MODEL_STATE_GB = param_count(LLAMA) * 18 / (8 * 16) / 1e9
+
+
+def state(answer):
+    return number(answer, MODEL_STATE_GB, "the model state per GPU", rel=5e-3, unit="GB")
 
 
 def test_a_verdict_states_its_tolerance():
-    near_miss = E.check_model_state_gb(57.37)                   # 0.52% high, 0.5% allowed
+    near_miss = state(57.37)                                    # 0.52% high, 0.5% allowed
     assert near_miss.ok is False and "0.52% too high" in near_miss.message
     assert "within 0.5%" in near_miss.message
-    assert "within 0.5%" in E.check_model_state_gb(57.2).message          # 0.22%: right
-    assert E.check_model_state_gb(57.2).ok is True
-    assert "Within 0.5% is right" in E.check_model_state_gb(None).message
+    assert "within 0.5%" in state(57.2).message and state(57.2).ok is True   # 0.22%: right
+    assert "Within 0.5% is right" in state(None).message
     exact = number(2 * 7 * 2**30 // 8 + 5000, 2 * 7 * 2**30 // 8, "the bytes sent per rank",
                    rel=1e-6, unit="B")
     assert exact.ok is False and "one part in 1,000,000" in exact.message and "by 5,000 B" in exact.message
@@ -131,14 +128,14 @@ def test_a_verdict_states_its_tolerance():
                                     f"{MODEL_STATE_GB * 1e9 / 2**30:.3f} GiB",
                                     f"{MODEL_STATE_GB * 1e3:,.0f} MB", f"{MODEL_STATE_GB:.2f}"])
 def test_a_number_may_carry_its_unit(answer):
-    assert E.check_model_state_gb(answer), E.check_model_state_gb(answer).message
+    assert state(answer), state(answer).message
 
 
 def test_a_unit_of_another_kind_is_refused_naming_the_one_wanted():
-    too_big = E.check_model_state_gb("3.2 TB")                  # read as 3,200 GB: far off
+    too_big = state("3.2 TB")                                   # read as 3,200 GB: far off
     assert too_big.ok is False and "3,200 GB" in too_big.message and "factor" in too_big.message
     for answer in ("12 ms", "50 parsecs", "fifty", "50,7"):
-        verdict = E.check_model_state_gb(answer)
+        verdict = state(answer)
         assert verdict.ok is False and ("GB" in verdict.message or "point" in verdict.message), verdict
     assert E.check_young_daly_interval(60.0, 3600.0, f"{math.sqrt(2 * 60 * 3600) / 60:.3f} min")
     assert E.check_young_daly_interval(60.0, 3600.0, f"{math.sqrt(2 * 60 * 3600) * 1e3:.0f} ms")
@@ -146,12 +143,15 @@ def test_a_unit_of_another_kind_is_refused_naming_the_one_wanted():
 
 
 def test_a_verdict_prints_as_one_line():
-    for verdict in (E.check_model_state_gb(None), E.check_model_state_gb(57.37),
-                    E.check_model_state_gb(MODEL_STATE_GB, zero1=True)):
+    for verdict in (state(None), state(57.37), E.check_will_it_fit(dict(tp=2, pp=2)),
+                    E.check_predict_in_flight(None)):
         assert str(verdict) == repr(verdict) == verdict.message and "\n" not in str(verdict)
-    # the two parts of one exercise say which is which
-    assert "ZeRO-1" in E.check_model_state_gb(None, zero1=True).message
-    assert "ZeRO-1" not in E.check_model_state_gb(None).message
+
+
+def test_no_number_check_is_left():
+    """Every number a check grades comes from a run, a simulation, a count of the real
+    model, or a critique of a design: the plug-in "number" kind is gone."""
+    assert not [name for name, (_, kind) in E.REGISTRY.items() if kind == "number"]
 
 
 def test_a_prediction_sees_the_run_only_after_a_reasonable_attempt(fresh_attempts):

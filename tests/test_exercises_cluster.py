@@ -9,7 +9,7 @@ from minipar.trainer.grid import AXES, ProcessGrid
 from minipar.teach.exercises import cluster as ex
 from minipar.runtime import topology as place
 from minipar.runtime import wire_meter
-from verdicts import Wrong, judged, peeling
+from verdicts import Wrong, fresh_attempts, judged, peeling  # noqa: F401 (a fixture)
 
 
 def test_groups_are_processgrids():
@@ -24,10 +24,21 @@ def test_llama3_row3_replicas_straddle_pods():
     assert place.straddling_replicas(128, 8192, 3072) == []
 
 
-def test_axis_links():
-    judged(ex.check_axis_links, {"tp": "NVLink", "pp": "rail", "dp": "across pods"},
-           {"tp": "NVLink", "pp": "NVLink", "dp": "across pods"}, {"tp": "NVLink"})
-    assert ex.check_axis_links({"tp": "NVLink", "pp": "spine", "dp": "rail"}, tp=4, pp=4, dp=2)
+def test_axis_links_critiques_row3_on_the_pods(fresh_attempts):
+    """Row 3 as published spans pods with 3 of its 8 replicas; 1,024-GPU replicas do not,
+    and with ZeRO-3 and interleaving they are the planner's best."""
+    best = dict(tp=8, cp=16, pp=4, zero=3, schedule="interleaved", virtual_stages=32)
+    good, = [judged(ex.check_axis_links, best,
+                    Wrong(dict(tp=8, cp=16, pp=16, recompute="selective", schedule="interleaved",
+                               virtual_stages=8), "3 of the 8 model replicas"),
+                    Wrong(dict(tp=8, cp=16, pp=4), "largest part"),
+                    Wrong(dict(tp=8, cp=16, pp=4, zero=3), "bubble"))[0]]
+    assert "span two pods" in good.message
+    right = ex.check_axis_links(best)
+    assert "tp NVLink" in right.message and "dp across pods" in right.message
+    # the placement the critique reads agrees with the grid, axis by axis
+    assert place.placement(8, 16, 16, 8) == {"tp": "NVLink", "cp": "rail", "pp": "across pods",
+                                             "dp": "across pods"}
 
 
 def test_coords_of_catches_dp_innermost():

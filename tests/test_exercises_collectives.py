@@ -72,18 +72,20 @@ def bytes_sent(op, n, size):
     return (2 if op == "all_reduce" else 1) * (n - 1) * size / n
 
 
-def test_bytes_sent_check_and_its_hints():
+def test_bytes_sent_bug_against_the_ring_run_and_its_hints():
+    for n in (1, 2, 3, 4):                     # the run sends what the chapter's ring says
+        sent = E.collectives.ring_bytes_run(n)
+        assert all(sent[op] == bytes_sent(op, n, 4 * E.collectives.RING_NUMEL) for op in sent)
     one_phase = lambda op, n, size: 0 if n == 1 else (n - 1) * size / n
     n_not_n_minus_1 = lambda op, n, size: 0 if n == 1 else 2 * size
     all_reduce_for_all = lambda op, n, size: 0 if n == 1 else 2 * (n - 1) * size / n
     whole_tensor = lambda op, n, size: bytes_sent(op, n, size) * (n if op not in ("send", "recv") else 1)
-    recv_too = lambda op, n, size: size if op == "recv" and n > 1 else bytes_sent(op, n, size)
     lonely = lambda op, n, size: bytes_sent(op, max(n, 2), size)
     off_by_one = lambda op, n, size: bytes_sent(op, n, size) + 1
     judged(E.check_bytes_sent, bytes_sent,
            Wrong(one_phase, "one phase"), Wrong(n_not_n_minus_1, "n-1 steps, not n"),
            Wrong(all_reduce_for_all, "an all-reduce's count"),
-           Wrong(whole_tensor, "not the whole tensor"), Wrong(recv_too, "a receive writes nothing"),
+           Wrong(whole_tensor, "not the whole tensor"), Wrong(E.buggy_bytes_sent, "n-1 steps, not n"),
            Wrong(lonely, "n = 1"), Wrong(off_by_one, "too high by 1 bytes"),
            Wrong(lambda op, n, size: {}[op], "KeyError"))
     message = E.check_bytes_sent(one_phase).message

@@ -36,8 +36,10 @@ def test_plan(fresh_attempts):
     assert ex.check_plan({"tp": 2, "cp": 1, "pp": 2})                       # within 2 points
     short = ex.check_plan({"tp": 8, "cp": 1, "pp": 4})                     # TP8 on width 8,192
     assert short.ok is False and "TP2" not in short.message                 # not the planner's layout yet
+    assert "loses most to tp" in short.message                              # what limits it, said
     again = ex.check_plan({"tp": 2, "cp": 2, "pp": 16})                    # the bubble of 16 stages
     assert again.ok is False and "the planner's TP2" in again.message       # a second try: shown
+    assert "loses most to bubble" in again.message
     v = ex.check_plan({"tp": 8, "cp": 1, "pp": 1}, model="llama3-405b", gpus=64)
     assert v.ok is False and "does not fit" in v.message                    # rule 1
     v = ex.check_plan({"tp": 2, "cp": 16, "pp": 1})                         # 512 tokens per CP rank

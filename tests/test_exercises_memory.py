@@ -25,9 +25,18 @@ def test_recompute_bug_no_recompute_and_the_real_one():
     assert "step 0" in bug.message
 
 
-def test_will_it_fit_enforces_the_budget():
-    judged(ex.check_will_it_fit, dict(tp=8, pp=2, recompute="full"),
-           Wrong(dict(tp=8, pp=2), "over the budget"), Wrong(dict(tp=8, pp=4), "16 GPUs"))
+def test_will_it_fit_applies_the_planners_headroom():
+    from minipar.plan.costmodel.planner import memory_budget_gb
+    budget = memory_budget_gb(ex.FIT.cluster)
+    over, *_ = judged(ex.check_will_it_fit, dict(tp=8, pp=4, recompute="selective"),
+                      Wrong(dict(tp=2, pp=2), "largest part is the activations"),
+                      Wrong(dict(tp=8, pp=1, recompute="full"), "over the"),
+                      Wrong(dict(tp=8, dp=2), "32 GPUs"),
+                      Wrong(dict(tp=8, pp=4, virtual=2), "not among them"))
+    assert f"{budget:.1f} GB" in over.message and "headroom" in over.message
+    # the budget is the HBM less the headroom, not the HBM: a layout between the two fails
+    tight = ex.check_will_it_fit(dict(tp=4, pp=4, recompute="selective"))     # 82 GB of 85.9
+    assert tight.ok is False and "headroom" in tight.message
 
 
 def test_bytes_per_param_runs_zero1(fresh_attempts):

@@ -18,9 +18,12 @@ def test_predict_step_flops_counts_the_real_model(fresh_attempts):
            Wrong(6 * param_count(tiny) * tokens, "lookup"), Wrong(palm / 3, "prediction"))
 
 
-def test_flops_per_token():
-    judged(ex.check_flops_per_token, flops.flops_per_token, lambda m, s: flops.dense_flops_per_token(m),
-           Wrong(lambda m, s: flops.dense_flops_per_token(m) + 6 * m.n_layers * m.dim * s, "torch counts"))
+def test_attention_crossover_counted_on_the_real_model(fresh_attempts):
+    m = ModelConfig.preset("llama3-8b")
+    palm = flops.dense_flops_per_token(m) / (12 * m.n_layers * m.dim)   # 6 N = 12 L h s
+    judged(ex.check_attention_crossover, palm,
+           Wrong(6 * param_count(m) / (12 * m.n_layers * m.dim), "lookup"),
+           Wrong(2 * palm, "causal mask"), Wrong(palm / 3, "6 N"), Wrong(palm / 8, "run / prediction"))
 
 
 def test_fixed_mfu():

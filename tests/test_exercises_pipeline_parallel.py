@@ -2,14 +2,17 @@
 message that says what the simulator saw, and no answer is "not answered yet"."""
 from __future__ import annotations
 
+from minipar.plan.schedule_analysis import peak_in_flight
 from minipar.plan.schedules import make_schedule
 from minipar.teach.exercises import core, pipeline_parallel as ex
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
 
 
 def test_bubble(fresh_attempts):
-    judged(ex.check_bubble, 3 / 11, Wrong(3 / 8, "idle over busy"), args=(4, 8))
-    assert ex.check_bubble(4, 8, "27.27%")                    # a percentage is read as one
+    right = _afab_with_transfers(4, 8, 0.5)
+    assert ex.check_bubble(4, 8, f"{100 * right:.3f}%", schedule="afab")   # a percentage is read as one
+    free = ex.check_bubble(4, 8, 3 / 11, t_comm=0)            # free messages: the printed formula
+    assert free.ok is False and "t_comm > 0" in free.message
 
 
 def _afab_with_transfers(p, m, c, t_f=1.0, t_b=2.0):
@@ -62,14 +65,18 @@ def test_one_f_one_b_schedule():
            Wrong(lambda p, m: [acts[:-1] for acts in _one_f_one_b(p, m)], "missing"))
 
 
-def test_predict_bubble_runs_minipar_and_reports_the_ratio(fresh_attempts):
-    good = ex.check_predict_bubble(1 / 5)
-    assert good and "run's bubble / prediction" in good.message
-    far = ex.check_predict_bubble(0.9)                      # a first wild guess: not the run
-    assert far.ok is False and "factor of 2 above the chapter's model" in far.message
-    assert "run's bubble" not in far.message
-    judged(ex.check_predict_bubble, 1 / 5, Wrong(1 / 4, "run's bubble"))   # near: the run shown
-    assert "run's bubble" in ex.check_predict_bubble(None, reveal=True).message
+def test_predict_in_flight_counts_the_run(fresh_attempts):
+    tl = ex.measured_pipeline("1f1b", 2, 4)                 # the real two-rank run
+    assert [ex.measured_in_flight(tl, r) for r in (0, 1)] == peak_in_flight(make_schedule("1f1b", 2, 4))
+    good = ex.check_predict_in_flight(2)
+    assert good and "run's bubble" in good.message
+    judged(ex.check_predict_in_flight, 2, Wrong(4, "AFAB's"), Wrong(1, "last rank's"),
+           Wrong(3, "run / prediction"))
+    assert ex.check_predict_in_flight(4, schedule="afab")
+
+
+def test_bubble_needs_transfers():
+    assert "t_comm > 0" in ex.check_bubble(4, 8, 3 / 11, t_comm=0).message
 
 
 def test_the_reader_schedule_is_what_the_ranks_run(tmp_path):

@@ -40,7 +40,7 @@ def tp_block_bytes(tokens, dim, tp, act_bytes, sp):
     return 4 * 2 * (tp - 1) / tp * tokens * dim * act_bytes
 
 
-def test_tp_block_bytes_check_and_its_hints():
+def test_tp_block_bytes_bug_against_the_trainers_steps_and_its_hints():
     forward_only = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / 2
     sp_half = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / (2 if sp else 1)
     sharded = lambda t, h, tp, nb, sp: tp_block_bytes(t, h, tp, nb, sp) / tp
@@ -50,7 +50,7 @@ def test_tp_block_bytes_check_and_its_hints():
     judged(ex.check_tp_block_bytes, tp_block_bytes, Wrong(forward_only, "backward pass"),
            Wrong(sp_half, "reduce-scatter and an all-gather"), Wrong(sharded, "full-size"),
            Wrong(elements, "counts elements"), Wrong(n_not, "t-1 steps, not t"),
-           Wrong(lambda t, h, tp, nb, sp: tp_block_bytes(t, h, max(tp, 2), nb, sp), "t = 1"))
+           Wrong(ex.buggy_tp_block_bytes, "one sum per block"))
 
 
 def test_f_and_g_right_and_the_two_usual_mistakes():

@@ -127,3 +127,17 @@ def test_matmul_benchmark_is_plausible():
     # any CPU of the last decade does more than 0.1 GFLOP/s and less than 100 TFLOP/s in fp32
     rate = peak.measure_matmul_flops(seconds=0.05, n=256)
     assert 1e8 < rate < 1e14 and math.isfinite(rate)
+
+
+def test_a_mixture_of_experts_split_over_ep_ranks_adds_up_to_the_whole():
+    # DeepSeek-V3's 61 blocks, the first 3 dense: every weight once when the non-expert part
+    # of all blocks and each of ep ranks' experts are added up
+    m = ModelConfig.preset("deepseek-v3")
+    assert flops.moe_layer_count(m, range(m.n_layers)) == 58
+    assert flops.moe_layer_count(m, range(0, 4)) == 1
+    rest = flops.local_param_count(m, 1, m.n_layers, True, True, moe_layers=58)
+    for ep in (1, 8, 64, 256):
+        assert rest + ep * flops.local_expert_param_count(m, 1, ep, 58) == flops.param_count(m)
+    # a dense model is untouched by the expert arguments
+    assert flops.local_param_count(L405, 8, 8, False, False, moe_layers=0) == \
+        flops.local_param_count(L405, 8, 8, False, False)

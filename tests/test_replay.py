@@ -192,3 +192,53 @@ def test_llama3_table4_row1_replayed_from_32_cpu_ranks():
     assert abs(r.mfu - e.mfu) <= 0.04, (r.mfu, e.mfu)
     assert r.bubble_fraction < 0.25
     assert {e["pid"] for e in traces.spans(r.trace)} == set(range(32))
+
+
+# --------------------------------------------------------------- expert parallelism (synthetic)
+# The trainer records each EP all-to-all as a comm event (axis "ep", op "all_to_all", its
+# group, payload and split_bytes: what this rank sent to each member). These streams are
+# built by hand, as the trainer's `--profile` writes them, so the replay's side is tested
+# on its own.
+def _moe_trace(splits: list[list[int]], dim: int = 64) -> dict:
+    """Two DP ranks that are one EP group: a forward of one layer, one blocking all-to-all
+    in it with the given split_bytes per rank, then a backward; one step."""
+    model = dict(n_layers=2, dim=dim, n_heads=4, n_kv_heads=4, ffn_dim=128, vocab_size=256,
+                 max_seq_len=64, moe_experts=4, moe_top_k=2)
+    events = []
+    for rank, split in enumerate(splits):
+        def x(name, cat, ts, dur, **args):
+            events.append(dict(name=name, cat=cat, ph="X", pid=rank, tid=0, ts=ts, dur=dur, args=args))
+        x("step", "step", 0, 100, step=0)
+        x("F", "compute", 0, 40, kind="F", microbatch=0, chunk=0, stage=0)
+        x("layer F", "layer", 0, 40, kind="F")
+        x("ep all_to_all", "comm", 10, 5, axis="ep", op="all_to_all", id=1, blocking=True,
+          group=[0, 1], payload_bytes=sum(split), split_bytes=split, layer=0)
+        x("B", "compute", 40, 60, kind="B", microbatch=0, chunk=0, stage=0)
+        x("layer B", "layer", 40, 60, kind="B")
+    meta = {"model_shape": model, "layout": dict(dp=2, ep=2), "ranks": {"0": {"dp": 0}, "1": {"dp": 1}},
+            "seq_len": 32, "global_batch": 2}
+    return {"traceEvents": events, "otherData": {"minipar": meta}}
+
+
+def test_the_replay_times_expert_all_to_alls_by_their_per_peer_bytes():
+    from minipar.plan.costmodel.experts import uneven_all_to_all_seconds
+    balanced = replay(_moe_trace([[4096, 4096], [4096, 4096]]), "h100")
+    hot = replay(_moe_trace([[4096, 1024], [7168, 4096]]), "h100")      # rank 0's experts hot
+    assert set(balanced.exposed_s) == {"tp", "cp", "pp", "dp", "ep"}
+    assert balanced.exposed_s["ep"] > 0 and hot.exposed_s["ep"] > balanced.exposed_s["ep"]
+    # the collective lasts as long as its slowest member: rank 0 receives 7168 bytes (scaled),
+    # more than any rank sends; the two ranks sit in one server (NVLink)
+    t = hot.target
+    scale = t.precision.act_bytes / 4            # fp32 recorded, bf16 on the target, same shapes
+    slowest = max(uneven_all_to_all_seconds([b * scale for b in send], [b * scale for b in recv], me, t)
+                  for me, send, recv in ((0, [4096, 1024], [4096, 7168]), (1, [7168, 4096], [1024, 4096])))
+    # (the replayed trace keeps whole nanoseconds)
+    assert hot.exposed_s["ep"] == pytest.approx(slowest, abs=2e-9)       # one layer, one call
+
+
+def test_a_dense_replay_reports_the_four_axes_only():
+    trace = _moe_trace([[4096, 4096], [4096, 4096]])
+    for e in trace["traceEvents"]:
+        if e["cat"] == "comm":
+            e["args"]["axis"], e["args"]["op"] = "dp", "all_reduce"
+    assert set(replay(trace, "h100").exposed_s) == {"tp", "cp", "pp", "dp"}

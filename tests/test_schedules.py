@@ -346,3 +346,72 @@ def test_gantt_draws_one_labelled_box_per_timed_action(tmp_path):
     ax = plot_bubble_vs_microbatches(pp=3, microbatches=range(1, 7))
     assert len(ax.get_legend().get_texts()) == 4
     plt.close("all")
+
+
+# --------------------------------------------------------------------- DualPipeV (simulated only)
+from minipar.plan import dualpipe                                    # noqa: E402
+from minipar.plan.config import SCHEDULES                           # noqa: E402
+
+DUALPIPE_CASES = [(1, 2), (2, 4), (2, 7), (3, 6), (4, 8), (4, 13), (6, 12), (8, 20)]
+
+
+@pytest.mark.parametrize("p, m", DUALPIPE_CASES)
+def test_dualpipev_runs_every_action_once_in_a_v(p, m):
+    sched = dualpipe.dualpipev(p, m)
+    for rank, acts in enumerate(sched):
+        assert Counter(acts) == Counter(Action(k, i, c) for k in "FBW" for i in range(m) for c in (0, 1))
+        # the V: rank r holds stage r on the way down and 2p-1-r on the way back
+        assert {a.stage(rank, p) for a in acts} == {rank, 2 * p - 1 - rank}
+    timeline = simulate(sched, 1.0, 1.0, 1.0)                 # raises on a deadlock
+    ends = {(e.kind, e.microbatch, dualpipe.VAction(e.kind, e.microbatch, e.chunk).stage(e.rank, p)): e
+            for e in timeline.events}
+    for (kind, mb, stage), e in ends.items():                 # every dependency respected
+        if kind == "F" and stage > 0:
+            assert ends[("F", mb, stage - 1)].end <= e.start
+        if kind == "B" and stage < 2 * p - 1:
+            assert ends[("B", mb, stage + 1)].end <= e.start
+
+
+def test_dualpipev_is_simulated_only():
+    assert "dualpipev" in dualpipe.SIMULATED and "dualpipev" not in SCHEDULES
+    with pytest.raises(ValueError, match="microbatches >= 2 x pp"):
+        dualpipe.dualpipev(4, 7)
+    assert dualpipe.simulated_schedule("1f1b", 4, 8) == make_schedule("1f1b", 4, 8)
+
+
+@pytest.mark.parametrize("t_f, t_b, t_w", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 0.5)])
+def test_dualpipev_bubble_is_within_the_reports_bound_and_below_1f1b_and_zb(t_f, t_b, t_w):
+    # DeepSeek-V3's Table 2 with PP = 2p stages: (p-1)(F&B + B - 3W), F&B (a forward and a
+    # backward overlapped) no longer than F + B, B the full backward (B + W here). Each
+    # rank's idle time is the makespan less its work, 2 m chunks of F + B + W.
+    for p, m in [(2, 4), (4, 8), (4, 16), (8, 16), (8, 32)]:
+        idle = simulate(dualpipe.dualpipev(p, m), t_f, t_b, t_w).makespan - 2 * m * (t_f + t_b + t_w)
+        bound = (p - 1) * ((t_f + t_b + t_w) + (t_b + t_w) - 3 * t_w)
+        assert 0 < idle <= bound + 1e-9
+        # the same model on the same p ranks: 1F1B and ZB-H1 run one stage per rank, twice
+        # the layers of a DualPipeV chunk, so each pass takes twice as long
+        for name in ("1f1b", "zb"):
+            other = simulate(make_schedule(name, p, m), 2 * t_f, 2 * t_b, 2 * t_w)
+            assert other.makespan - 2 * m * (t_f + t_b + t_w) > idle
+
+
+def test_dualpipev_holds_2p_plus_1_chunks_however_many_micro_batches():
+    # the report: activations PP + 1 chunks (PP = 2p stages), not growing with m; 1F1B's rank 0
+    # holds p stages' worth, each two DualPipeV chunks: 2p. One chunk more, on every rank.
+    for p in (2, 4, 8):
+        for m in (2 * p, 3 * p, 5 * p):
+            assert peak_in_flight(dualpipe.dualpipev(p, m)) == [2 * p + 1] * p
+            assert peak_in_flight(dualpipe.dualpipev(p, m), "W") == [2 * p + 1] * p
+        assert 2 * peak_in_flight(make_schedule("1f1b", p, 3 * p))[0] == 2 * p
+
+
+def test_sends_inside_the_v_s_turn_cost_nothing():
+    # stage p-1 and stage p live on rank p-1: the turn needs no send, the others each t_comm
+    p, m = 2, 4
+    free = simulate(dualpipe.dualpipev(p, m), 1.0, 1.0, 1.0)
+    slow = simulate(dualpipe.dualpipev(p, m), 1.0, 1.0, 1.0, t_comm=0.5)
+    first = {(e.rank, e.kind, e.microbatch, e.chunk): e for e in slow.events}
+    # micro-batch 0's forward on rank 1: chunk 0 waits for rank 0's send, chunk 1 follows at once
+    assert first[(1, "F", 0, 0)].start == pytest.approx(1.5)
+    assert first[(1, "F", 0, 1)].start == pytest.approx(first[(1, "F", 0, 0)].end)
+    assert slow.makespan > free.makespan

@@ -14,8 +14,11 @@ The frames are `minipar.teach.web.payload(chapter)`: the chapter's figure, read 
 data, for every setting its page offers. Computing them takes seconds per chapter, so they
 are kept in book/_generated/explorers/, keyed by a hash of the package's files (any change
 to minipar/ computes them again). Each page with an explorer gets
-_static/explorers/<chapter>.js, a script that assigns the frames to window.miniparFrames:
-a script, not a JSON file fetched, so a page opened from file:// works too.
+_static/explorers/<chapter>.js, a script that gives window.miniparFrames the controls and
+the first frame, and one small script per other frame, _static/explorers/<chapter>/<hash>.js,
+that the page loads when a control asks for it (a page offers up to hundreds of settings: it
+loads only those the reader visits). Scripts, not JSON files fetched, so a page opened from
+file:// works too.
 """
 from __future__ import annotations
 
@@ -99,8 +102,8 @@ def _controls_html(chapter: str) -> str:
 
 
 def add_scripts(app, pagename, templatename, context, doctree):
-    """On a page with an explorer: Plotly, the frames of its chapters, and the script that
-    draws them (deferred, so they run in this order once the page is parsed)."""
+    """On a page with an explorer: Plotly, the controls and first frame of its chapters, and
+    the script that draws them (deferred, so they run in this order once the page is parsed)."""
     chapters = app.env.__dict__.get("minipar_explorers", {}).get(pagename)
     if not chapters:
         return
@@ -108,12 +111,33 @@ def add_scripts(app, pagename, templatename, context, doctree):
     folder.mkdir(parents=True, exist_ok=True)
     app.add_js_file(PLOTLY, defer="defer")
     for chapter, cache in sorted(chapters.items()):
-        frames = Path(cache).read_text()
-        (folder / f"{chapter}.js").write_text(
-            "window.miniparFrames = window.miniparFrames || {};\n"
-            f"window.miniparFrames[{json.dumps(chapter)}] = {frames};\n")
+        write_frames(folder, chapter, json.loads(Path(cache).read_text()))
         app.add_js_file(f"explorers/{chapter}.js", defer="defer")
     app.add_js_file(SCRIPT, defer="defer")
+
+
+def write_frames(folder: Path, chapter: str, payload: dict) -> None:
+    """<chapter>.js: the controls, the values every frame shares (`base`), the file of each
+    setting's frame and the first frame itself; <chapter>/<hash>.js: one frame each (equal
+    frames, such as a control that does not change the picture, share a file)."""
+    (folder / chapter).mkdir(exist_ok=True)
+    files = {}
+    for key, frame in payload["frames"].items():
+        text = json.dumps(frame, separators=(",", ":"))
+        name = hashlib.sha1(text.encode()).hexdigest()[:12]
+        files[key] = name
+        path = folder / chapter / f"{name}.js"
+        if not path.exists():
+            path.write_text(f"window.miniparFrame({json.dumps(chapter)}, {json.dumps(name)}, {text});\n")
+    first = payload["first"]
+    page = {"chapter": chapter, "first": first, "base": payload["base"],
+            "controls": payload["controls"], "files": files,
+            "frames": {files[first]: payload["frames"][first]}}
+    (folder / f"{chapter}.js").write_text(
+        "window.miniparFrames = window.miniparFrames || {};\n"
+        f"window.miniparFrames[{json.dumps(chapter)}] = {json.dumps(page, separators=(',', ':'))};\n"
+        f"window.miniparFrames[{json.dumps(chapter)}].folder = "
+        "document.currentScript.src.replace(/\\.js(\\?.*)?$/, '/');\n")
 
 
 def forget(app, env, docname):

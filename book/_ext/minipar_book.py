@@ -11,7 +11,9 @@
   explorer's static figure is named from teach: `explorers.memory.figure`). The figure is
   drawn for the page's column (`minipar.teach.style.PAGE_WIDTH`; tests/test_book.py checks
   the size of its text as shown), and its alt text is the caption's first sentence (or
-  `:alt:`), in words:
+  `:alt:`), in words. It is an SVG, text kept as text: sharp on a 2x screen and at any
+  zoom, and its font sizes are there for book/_ext/reading.py (how wide it must stay to be
+  read on a phone) and `make test-html` (its smallest text as shown) to read:
 
       ```{mpfig} collectives.plot_ring_steps
       :kwargs: n=4
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from pathlib import Path
 
@@ -41,20 +44,27 @@ PAPER = "the Llama 3 paper (Dubey et al. 2024)"
 def _mark(evidence: str, source: str = "") -> nodes.Node:
     """A P, D, A or M after a fact; its tooltip says what the letter means and the source."""
     from minipar.teach.numbers import EVIDENCE
-    letter = {"paper": "P", "derived": "D", "assumption": "A", "measured": "M"}[evidence]
+    letter = {"paper": "P", "deepseek": "P", "derived": "D", "assumption": "A",
+              "measured": "M"}[evidence]
     meaning = EVIDENCE[evidence]
     if evidence in ("paper", "derived"):        # name the paper where the meaning cites it
         meaning = re.sub(r"the (Llama 3 )?paper", PAPER, meaning, count=1)
     tip = f"{letter}: {meaning}" + (f"; source: {source}" if source else "")
-    mark = nodes.superscript(classes=["evidence", f"evidence-{evidence}"])
+    kind = "paper" if evidence == "deepseek" else evidence    # a report's fact: a P as well
+    mark = nodes.superscript(classes=["evidence", f"evidence-{kind}"])
     mark += nodes.abbreviation(letter, letter, explanation=tip)
     return mark
 
 
 def number_role(name, rawtext, text, lineno, inliner, options=None, content=()):
-    from minipar.teach.numbers import all_numbers
+    from minipar.teach.numbers import CHAPTERS, all_numbers
     numbers = all_numbers()
     key = text.strip()
+    # The page is read again when the chapter's numbers module changes (a key added or a
+    # value moved), not only when the page itself does.
+    module = CHAPTERS.get(key.partition(".")[0])
+    if module is not None:
+        inliner.document.settings.env.note_dependency(module.__file__)
     if key not in numbers:
         msg = inliner.reporter.error(f"{{n}}: no number {key!r} in minipar.teach.numbers",
                                      line=lineno)
@@ -87,7 +97,41 @@ def _kwargs(text: str) -> dict:
 
 # Pixels per inch of a drawn figure: one PAGE_WIDTH (7 in) wide is 910 px, shown in the
 # 672 px column at 1.35x less, so 7 pt text reads at 9 px; a click opens it full size.
+# The SVG's own size says so (`width="910px"`), so it lays out as the PNG it replaced did.
 DPI = 130
+SVG_SIZE = re.compile(r'(<svg\b[^>]*?\b)width="([\d.]+)pt" height="([\d.]+)pt"')
+
+
+# A figure of thousands of shapes (a replayed timeline) would be an SVG of megabytes: its
+# shapes and lines are drawn as one picture inside it instead, at twice DPI (sharp on a 2x
+# screen), its text and legends still text.
+MAX_SVG_BYTES = 400_000
+RASTER_BELOW_ZORDER = 2.5         # patches (1) and lines (2); text (3) and legends (5) stay
+
+
+def _svg(fig, dpi: float) -> str:
+    """`fig` as SVG text, text kept as text, no date and fixed ids (the same figure gives the
+    same file); `dpi` is the resolution of the parts drawn as a picture, if any."""
+    import matplotlib
+    out = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "minipar"}):
+        fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None}, dpi=dpi)
+    return out.getvalue()
+
+
+def save_svg(fig, path: Path) -> None:
+    """`fig` as an SVG of DPI pixels per inch. Text stays text (the reader's sans-serif if
+    DejaVu Sans is missing): a quarter of the bytes of glyphs drawn as paths, selectable, and
+    its sizes readable by book/_ext/reading.py and `make test-html`."""
+    svg = _svg(fig, DPI)
+    if len(svg) > MAX_SVG_BYTES:
+        for ax in fig.axes:
+            ax.set_rasterization_zorder(RASTER_BELOW_ZORDER)
+        svg = _svg(fig, 2 * DPI)
+    px = DPI / 72
+    path.write_text(SVG_SIZE.sub(
+        lambda m: f'{m[1]}width="{float(m[2]) * px:.1f}px" height="{float(m[3]) * px:.1f}px"',
+        svg, count=1))
 
 
 def _function(target: str):
@@ -135,9 +179,9 @@ class FigureFromCode(SphinxDirective):
         except Exception as e:   # noqa: BLE001 - any failure is the page's error
             raise self.error(f"mpfig {target}: {type(e).__name__}: {e}") from e
         digest = hashlib.sha1(f"{target}|{kwargs!r}".encode()).hexdigest()[:10]
-        path = Path(self.env.srcdir) / GENERATED / f"{target.rpartition('.')[2]}-{digest}.png"
+        path = Path(self.env.srcdir) / GENERATED / f"{target.rpartition('.')[2]}-{digest}.svg"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        save_svg(fig, path)
         plt.close("all")
         self.env.note_dependency(_function(target)[0].__file__)
 

@@ -3,8 +3,10 @@
 //
 // There is no Python here. When the book was built, minipar/teach/web.py drew the chapter's
 // figure for every setting the page offers and read back what each picture is made of
-// (axes, lines, boxes, texts: `figure_data`); _static/explorers/<chapter>.js holds those
-// frames in window.miniparFrames. This file builds the controls and redraws the chosen
+// (axes, lines, boxes, texts: `figure_data`); _static/explorers/<chapter>.js gives
+// window.miniparFrames the controls, the first frame and the file of every other frame
+// (_static/explorers/<chapter>/<hash>.js, loaded by a script element when a control asks
+// for it: that works from file:// too). This file builds the controls and redraws the chosen
 // frame with Plotly (vendored in _static/plotly, `make vendor-plotly`): one Plotly subplot
 // per matplotlib Axes, at the same place on the figure, with the same limits and ticks.
 //
@@ -90,12 +92,16 @@
     };
   }
 
-  // A legend per Axes (Plotly >= 2.22 has several), where matplotlib put it: its top left
-  // corner at the box's, in a row when it had several columns.
+  // A legend per Axes (Plotly >= 2.22 has several), where matplotlib put it: held by the
+  // corner of its box nearest the figure's edges (Plotly's legend is not exactly as large
+  // as matplotlib's: so it grows away from the edge, never past it), in a row when it had
+  // several columns.
   function addLegend(layout, legend, i, px) {
     const name = i === 0 ? "legend" : "legend" + (i + 1);
-    const [x0, , , y1] = legend.box;
-    layout[name] = { x: x0, y: y1, xanchor: "left", yanchor: "top",
+    const [x0, y0, x1, y1] = legend.box;
+    const right = x0 + x1 > 1, low = y0 + y1 < 1;
+    layout[name] = { x: right ? x1 : x0, y: low ? y0 : y1,
+                     xanchor: right ? "right" : "left", yanchor: low ? "bottom" : "top",
                      orientation: legend.columns > 1 ? "h" : "v",
                      bgcolor: "rgba(255,255,255,0.8)", font: { size: 7 * px } };
     return name;
@@ -169,7 +175,7 @@
   }
 
   // A dropdown for a choice or a toggle, a slider over the offered values otherwise; both
-  // report the index of the chosen value.
+  // report the index of the chosen value. Returns {element, set(index)}.
   function control(c, index, onChange) {
     const wrap = label(c.label);
     const shown = document.createElement("output");
@@ -177,20 +183,46 @@
     if (c.kind === "choice" || c.kind === "toggle") {
       input = document.createElement("select");
       c.values.forEach((v, i) => input.add(new Option(String(v), String(i))));
-      input.value = String(index);
     } else {
       input = document.createElement("input");
       Object.assign(input, { type: "range", min: 0, max: c.values.length - 1, step: 1 });
-      input.value = String(index);
-      shown.textContent = String(c.values[index]);
     }
-    input.name = c.name;
-    input.addEventListener("input", () => {
+    const show = () => {
       shown.textContent = input.tagName === "SELECT" ? "" : String(c.values[+input.value]);
+    };
+    input.name = c.name;
+    input.value = String(index);
+    show();
+    input.addEventListener("input", () => {
+      show();
       onChange(+input.value);
     });
     wrap.append(input, shown);
-    return wrap;
+    return { element: wrap, set: (i) => { input.value = String(i); show(); } };
+  }
+
+  // ------------------------------------------------------------ frames, loaded when asked
+  // A frame's file calls window.miniparFrame(chapter, name, frame); `load` resolves with it.
+  const waiting = {};
+  window.miniparFrame = function (chapter, name, frame) {
+    window.miniparFrames[chapter].frames[name] = frame;
+    (waiting[chapter + "/" + name] || []).forEach((resolve) => resolve(frame));
+    delete waiting[chapter + "/" + name];
+  };
+
+  function load(data, name) {
+    if (data.frames[name]) return Promise.resolve(data.frames[name]);
+    const id = data.chapter + "/" + name;
+    return new Promise((resolve, reject) => {
+      if (!waiting[id]) {
+        waiting[id] = [];
+        const script = document.createElement("script");
+        script.src = data.folder + name + ".js";
+        script.onerror = () => reject(new Error("no frame " + script.src));
+        document.head.append(script);
+      }
+      waiting[id].push(resolve);
+    });
   }
 
   // ------------------------------------------------------------ one explorer
@@ -199,32 +231,66 @@
     const data = (window.miniparFrames || {})[chapter];
     if (!data || typeof Plotly === "undefined") return;      // the static picture stays
     const plot = el.querySelector(".minipar-explorer-plot");
-    const index = data.first.split(",").map(Number);
+    const home = data.first.split(",").map(Number);
+    const index = home.slice();
     const state = { chapter: chapter, key: data.first, values: {}, frame: null, draws: 0,
                     firstDrawMs: null };
     el.minipar = state;
     window.miniparExplorers[chapter] = el;
+    const inputs = [];
+    let latest = 0;
 
     function redraw() {
-      state.key = index.join(",");
-      state.frame = data.frames[state.key];
-      state.values = data.values[state.key];
-      const { traces, layout } = draw(state.frame, plot.clientWidth || 672);
-      return Plotly.react(plot, traces, layout,
-                          { displayModeBar: false, responsive: false, typesetMath: false })
-        .then(() => {
-          state.draws += 1;
-          if (state.firstDrawMs === null) state.firstDrawMs = performance.now();
-          el.dataset.key = state.key;
-          el.dataset.draws = String(state.draws);
-          hideFallback(el);
+      const key = index.join(",");
+      const ticket = ++latest;           // a slower frame arriving late is not drawn
+      return load(data, data.files[key]).then((frame) => {
+        if (ticket !== latest) return null;
+        state.key = key;
+        state.frame = frame;
+        state.values = Object.assign({}, data.base, ...data.controls.map(
+          (c, i) => ({ [c.name]: c.values[index[i]] })));
+        const { traces, layout } = draw(frame, plot.clientWidth || 672);
+        return Plotly.react(plot, traces, layout,
+                            { displayModeBar: false, responsive: false, typesetMath: false });
+      }).then((drawn) => {
+        if (drawn === null) return;
+        state.draws += 1;
+        if (state.firstDrawMs === null) state.firstDrawMs = performance.now();
+        el.dataset.key = state.key;
+        el.dataset.draws = String(state.draws);
+        hideFallback(el);
+      });
+    }
+
+    // A control of `ALONE` moves one at a time: the others of them go back to their first
+    // value (the page has no picture of two moved together; the notebook has).
+    function choose(i, chosen) {
+      index[i] = chosen;
+      if (data.controls[i].alone) {
+        data.controls.forEach((c, j) => {
+          if (c.alone && j !== i && index[j] !== home[j]) {
+            index[j] = home[j];
+            inputs[j].set(home[j]);
+          }
         });
+      }
+      redraw();
     }
 
     const bar = el.querySelector(".minipar-explorer-controls");
     data.controls.forEach((c, i) => {
-      bar.append(control(c, index[i], (chosen) => { index[i] = chosen; redraw(); }));
+      const made = control(c, index[i], (chosen) => choose(i, chosen));
+      inputs.push(made);
+      bar.append(made.element);
     });
+    const single = data.controls.filter((c) => c.alone).map((c) => c.label);
+    if (single.length > 1) {
+      const note = document.createElement("p");
+      note.className = "minipar-explorer-alone";
+      note.textContent = `Here ${single.join(", ")} move one at a time (moving one puts ` +
+        "the others back); the notebook's explorer combines them.";
+      bar.append(note);
+    }
     redraw();
   }
 

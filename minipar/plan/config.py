@@ -103,6 +103,25 @@ class ModelConfig:
     # "swiglu": down(silu(gate x) * up x), three matrices; "gelu" (GPT-3, BLOOM, OPT) and
     # "relu2" (squared ReLU, Nemotron-4): down(act(up x)), two
     mlp: str = "swiglu"
+    # Mixture-of-experts (the experts chapter): moe_experts routed SwiGLU experts of hidden
+    # size moe_ffn_dim (0: ffn_dim) in every layer from moe_first_layer on, each token sent to
+    # moe_top_k of them by a router scoring with softmax or sigmoid (DeepSeek-V3), plus
+    # moe_shared_experts that every token passes through. moe_experts 0 = dense.
+    # moe_capacity_factor 0 = dropless; C > 0 keeps, per sequence of T tokens and expert, the
+    # ceil(C * T * k / E) earliest. moe_max_nodes (0: no limit) is DeepSeek-V3's node-limited
+    # routing (the cost model's; the trainer routes without it). Balancing: moe_bias_rate moves
+    # the per-expert routing bias after each step (DeepSeek-V3's gamma, 0: off), moe_aux_loss
+    # weighs the sequence-wise balance loss (its alpha, 0: off).
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_shared_experts: int = 0
+    moe_ffn_dim: int = 0
+    moe_first_layer: int = 0
+    moe_score: str = "softmax"
+    moe_capacity_factor: float = 0.0
+    moe_max_nodes: int = 0
+    moe_bias_rate: float = 0.0
+    moe_aux_loss: float = 0.0
     name: str = "custom"
 
     @property
@@ -117,6 +136,21 @@ class ModelConfig:
         return None if self.rope_factor == 1.0 else scaled
 
     @property
+    def is_moe(self) -> bool:
+        return self.moe_experts > 0
+
+    @property
+    def expert_ffn_dim(self) -> int:
+        return self.moe_ffn_dim or self.ffn_dim
+
+    @property
+    def mixtral(self) -> bool:
+        """Experts as Mixtral's, which a Hugging Face Mixtral directory holds: in every layer,
+        scored by a softmax (its top k renormalised: `MoE.route`), none shared."""
+        return self.is_moe and (self.moe_first_layer, self.moe_shared_experts,
+                                self.moe_score) == (0, 0, "softmax")
+
+    @property
     def mlp_matrices(self) -> int:
         """Weight matrices of one MLP: a gated one has two going in, the others one."""
         return 3 if self.mlp == "swiglu" else 2
@@ -126,7 +160,7 @@ class ModelConfig:
         sizes = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
         out = broken((getattr(self, k) <= 0, k, "positive", f"{k}={getattr(self, k)} must be "
                       "positive") for k in sizes)
-        return out or broken([
+        return out or self.expert_problems() or broken([
             (self.mlp not in MLPS, "mlp", "choices", f"mlp={self.mlp!r} must be one of {', '.join(MLPS)}"),
             (self.dim % self.n_heads, "dim", "heads",
              f"dim={self.dim} must be divisible by n_heads={self.n_heads}"),
@@ -134,6 +168,18 @@ class ModelConfig:
              f"head_dim={self.head_dim} must be even for RoPE"),
             (self.n_heads % self.n_kv_heads, "n_kv_heads", "groups",
              f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")])
+
+    def expert_problems(self) -> list[Problem]:
+        """The mixture of experts' rules, each named by its flag (`TrainConfig`'s)."""
+        e, k = self.moe_experts, self.moe_top_k
+        sizes = [f"moe_{f}" for f in ("experts", "shared_experts", "ffn_dim", "first_layer",
+                                      "max_nodes", "capacity_factor", "aux_loss", "bias_rate")]
+        return broken([(not 0 <= getattr(self, f) < math.inf, flag_of(f), "range", f"{flag_of(f)} "
+                        f"{getattr(self, f)} must be finite and >= 0") for f in sizes] + [
+            (e > 0 and not 1 <= k <= e, "--moe-top-k", "top-k", f"--moe-top-k {k} must be "
+             f"between 1 and --moe-experts {e} (each token picks k different experts)"),
+            (e > 0 and self.moe_score not in MOE_SCORES, "--moe-score", "choices",
+             f"moe_score={self.moe_score!r} must be one of {', '.join(MOE_SCORES)}")])
 
     @classmethod
     def preset(cls, name: str, flag: str = "--model") -> "ModelConfig":
@@ -158,10 +204,24 @@ PRESETS: dict[str, ModelConfig] = {name: replace(model, name=name) for name, mod
     "llama3-8b": replace(LLAMA3_SHARED, n_layers=32, dim=4096, n_heads=32, ffn_dim=14336),
     "llama3-70b": replace(LLAMA3_SHARED, n_layers=80, dim=8192, n_heads=64, ffn_dim=28672),
     "llama3-405b": replace(LLAMA3_SHARED, n_layers=126, dim=16384, n_heads=128, ffn_dim=53248),
+    # Mixtral 8x7B's config.json: 8 SwiGLU experts of 14336, 2 per token, in every layer
+    "mixtral-8x7b": ModelConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                                vocab_size=32000, max_seq_len=32768, rope_theta=1e6,
+                                moe_experts=8, moe_top_k=2),
+    # DeepSeek-V3's config.json: 3 dense layers (FFN 18432), then 58 MoE layers of 256 routed
+    # experts (FFN 2048) and 1 shared, 8 per token scored by a sigmoid, on at most 4 servers;
+    # pretrained at 4K tokens. Its multi-head latent attention is priced as 128 full heads
+    # (an assumption: within about a tenth of MLA's attention parameters).
+    "deepseek-v3": ModelConfig(n_layers=61, dim=7168, n_heads=128, n_kv_heads=128, ffn_dim=18432,
+                               vocab_size=129280, max_seq_len=4096, moe_experts=256, moe_top_k=8,
+                               moe_shared_experts=1, moe_ffn_dim=2048, moe_first_layer=3,
+                               moe_score="sigmoid", moe_max_nodes=4, moe_bias_rate=0.001,
+                               moe_aux_loss=0.0001),
 }.items()}                                  # each preset named by its key
 
 
 MLPS = ("swiglu", "gelu", "relu2")
+MOE_SCORES = ("softmax", "sigmoid")
 
 # The layout's vocabularies, each written once: the rules below, the flags' help, the cost
 # model and the axis files all read these.
@@ -211,6 +271,8 @@ class ParallelConfig:
     cp: int = opt(1, "context-parallel degree")
     pp: int = opt(1, "pipeline-parallel degree")
     dp: int = opt(1, "data-parallel degree (outermost)")
+    ep: int = opt(1, "expert-parallel degree: the experts split over ep ranks carved from the "
+                     "dp x cp ranks (MoE models)")
     zero: int = opt(0, "ZeRO: 0 plain DP, 1 shards the optimizer state, 2 + gradients, 3 + weights")
     bucket_mb: float = opt(25.0, "MB per gradient bucket (0 = naive: each gradient after backward)")
     sp: bool = opt(False, "sequence parallelism (with --tp > 1)")
@@ -243,7 +305,7 @@ class ParallelConfig:
         `end_stages`: pipeline stages that may hold no layer. The trainer's split gives every
         stage one (0); the cost model's, Llama 3's, may give the embedding and the head a
         stage each (2)."""
-        out = positive(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp,
+        out = positive(tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, ep=self.ep,
                        microbatches=self.microbatches, virtual_stages=self.virtual_stages,
                        seq_len=seq_len, global_batch=global_batch)
         if out:
@@ -256,8 +318,25 @@ class ParallelConfig:
                         f"--bucket-mb {self.bucket_mb} must be >= 0 (0 = naive all-reduce)")])
         out += schedule_problems(self.schedule, self.pp, self.microbatches, self.virtual_stages,
                                  self.consecutive_microbatches)
-        return out + broken(self._shard_rules(model, seq_len)
+        return out + broken(self._shard_rules(model, seq_len) + self._expert_rules(model)
                             + self._fit_rules(model, seq_len, global_batch, end_stages))
+
+    def _expert_rules(self, m: ModelConfig) -> list[tuple]:
+        """EP splits the experts over ranks carved from dp x cp; TP splits each expert.
+        Capacity and the balance loss count over whole sequences, which CP cuts."""
+        ep, dpcp, e, moe = self.ep, self.dp * self.cp, m.moe_experts, m.is_moe
+        return [
+            (ep > 1 and not moe, "--ep", "needs experts", f"--ep {ep} needs --moe-experts E > 0"),
+            (moe and e % ep, "--ep", "divides", f"--ep {ep} does not divide --moe-experts {e}"),
+            (dpcp % ep, "--ep", "carved", f"--ep {ep} must divide dp*cp={dpcp} (expert-parallel "
+             "ranks are carved from the data- and context-parallel ranks)"),
+            (ep > 1 and self.zero == 3, "--ep", "zero 3",
+             f"--ep {ep} does not combine with --zero 3"),
+            (moe and m.expert_ffn_dim % self.tp, "--tp", "divides", f"--tp {self.tp} does not "
+             f"divide the experts' ffn dim {m.expert_ffn_dim}"),
+            *[(moe and self.cp > 1 and getattr(m, f) > 0, flag_of(f), "cp", f"{flag_of(f)} "
+               "counts over whole sequences: needs --cp 1")
+              for f in ("moe_capacity_factor", "moe_aux_loss")]]
 
     def _shard_rules(self, m: ModelConfig, seq_len: int) -> list[tuple]:
         """TP shards the heads, the FFN and the vocabulary; SP and CP the sequence. Ulysses
@@ -341,8 +420,17 @@ class TrainConfig:
     clip: float = opt(1.0, "global gradient-norm clip (0 = off)")
     data: str | None = opt(None, "train on this text file: as bytes, or with --init-hf's "
                                  "tokenizer.json (default: synthetic)")
-    init_hf: str | None = opt(None, "start from a Hugging Face Llama directory (replaces --model)")
-    export_hf: str | None = opt(None, "write the final model as a Hugging Face Llama directory")
+    # the model's MoE fields (`ModelConfig`), replacing the preset's when given
+    moe_experts: int | None = opt(None, "routed experts per MoE layer (0: dense)", type=int)
+    moe_top_k: int | None = opt(None, "experts each token is sent to", type=int)
+    moe_shared_experts: int | None = opt(None, "experts every token passes through", type=int)
+    moe_capacity_factor: float | None = opt(None, "0: dropless; C > 0: a capacity", type=float)
+    moe_aux_loss: float | None = opt(None, "weight of the sequence-wise balance loss", type=float)
+    moe_bias_rate: float | None = opt(None, "step of the routing bias (0: off)", type=float)
+    init_hf: str | None = opt(None, "start from a Hugging Face Llama or Mixtral directory "
+                                    "(replaces --model)")
+    export_hf: str | None = opt(None, "write the final model as a Hugging Face Llama or "
+                                      "Mixtral directory")
     log_json: str | None = opt(None, "write one JSON object per step (JSON Lines)")
     profile: str | None = opt(None, "write a Chrome/Perfetto trace of the job to DIR/trace.json "
                                     "(ui.perfetto.dev) and print how much communication was hidden")
@@ -371,7 +459,9 @@ class TrainConfig:
         """The model this run trains: --init-hf's (once read), else --model's preset."""
         if self.init_hf and self.init_model is None:
             raise ConfigError(f"--init-hf {self.init_hf}: config.json not read yet (hf.with_model)")
-        return self.init_model or ModelConfig.preset(self.model)
+        # the model's MoE fields that the run's flags (TrainConfig's moe_*) replace
+        given = {k: v for k, v in vars(self).items() if k.startswith("moe_") and v is not None}
+        return replace(self.init_model or ModelConfig.preset(self.model), **given)
 
     def problems(self) -> list[Problem]:
         """The rules of the run itself (the layout's are ParallelConfig's). Each real-valued flag
@@ -406,7 +496,15 @@ class TrainConfig:
             (self.max_restarts > 0 and not self.save, "--max-restarts", "needs", f"--max-restarts "
              f"{self.max_restarts} needs --save DIR: a restart resumes from its latest checkpoint"),
             (self.save_every > 0 and not self.save, "--save-every", "needs",
-             f"--save-every {self.save_every} needs --save DIR")])
+             f"--save-every {self.save_every} needs --save DIR"),
+            ((self.init_hf or self.export_hf) and self.model_config().is_moe
+             and not self.model_config().mixtral, "--init-hf" if self.init_hf else "--export-hf",
+             "experts", "--init-hf and --export-hf read and write Llama and Mixtral "
+             "directories: a model with experts must be Mixtral's (in every layer, "
+             "softmax-scored, none shared)"),
+            (self.export_hf and self.model_config().moe_bias_rate > 0, "--export-hf", "bias",
+             f"--export-hf writes a Mixtral, which has no routing bias: --moe-bias-rate "
+             f"{self.model_config().moe_bias_rate} must be 0")])
 
     def validate(self) -> "TrainConfig":
         """Raise `ConfigError` listing every broken rule (model, layout, run)."""

@@ -42,6 +42,15 @@ class DataSheet:
 SHEETS: dict[str, DataSheet] = {s.name: s for s in (
     DataSheet("H100 PCIe", 756.0, 378.0, 51.0, "NVIDIA H100 PCIe data sheet"),
     DataSheet("H100", 989.4, 494.7, 66.9, "NVIDIA H100 whitepaper, SXM5; NVLink 4; ConnectX-7 400 Gb/s", 85.9, 3.35, 450.0, 400.0, 8, 132),
+    # The H800 SXM (DeepSeek-V3's GPU): the H100 SXM's die and clocks, NVLink cut to 400 GB/s
+    # both ways ("reduced from 900 GB/s to 400 GB/s", DeepSeek, "Insights into DeepSeek-V3",
+    # arXiv 2505.09343), one 400 Gb/s InfiniBand NIC per GPU. Measured, not data sheet:
+    # DeepSeek-V3's report (arXiv 2412.19437, section 3.2.2) gives "NVLink offers a bandwidth
+    # of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" (`frameworks.DEEPSEEK` uses it).
+    # Its dense FP8 peak is twice the bf16 one (1,979 TFLOP/s): MFU here is against bf16's.
+    DataSheet("H800", 989.4, 494.7, 66.9, "NVIDIA H800 SXM: the H100 SXM5's compute and HBM3; "
+              "NVLink 400 GB/s both ways (DeepSeek, arXiv 2505.09343); 400 Gb/s InfiniBand",
+              85.9, 3.35, 200.0, 400.0, 8, 132),
     DataSheet("H200", 989.4, 494.7, 66.9, "NVIDIA H200 data sheet: the H100's die, 141 GB of HBM3e", 141.0, 4.8, 450.0, 400.0, 8, 132),
     DataSheet("A100", 312.0, 156.0, 19.5, "NVIDIA A100 data sheet, SXM4 80GB; NVLink 3; HDR 200 Gb/s", 85.9, 2.039, 300.0, 200.0, 8, 108),
     DataSheet("B200", 2250.0, 1100.0, 80.0, "NVIDIA HGX B200 data sheet, per GPU; NVLink 5", 180.0, 8.0, 900.0, 400.0, 8, 148),

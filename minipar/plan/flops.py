@@ -29,41 +29,78 @@ from .config import ModelConfig
 
 
 # ------------------------------------------------------------------ parameters
-def layer_param_count(model: ModelConfig) -> int:
-    """Weights of one transformer block: attention, the MLP and the two RMSNorm gains."""
+def mlp_param_count(model: ModelConfig, moe: bool = False, active: bool = False) -> int:
+    """Weights of one block's MLP. Dense: its matrices of ffn_dim. A mixture-of-experts block
+    (chapter "Experts: the fifth axis"): the router (E scores from each token), the shared
+    experts and the routed ones, all E of them, or with `active` the top_k a token meets."""
+    if not moe:
+        return model.mlp_matrices * model.dim * model.ffn_dim
+    routed = model.moe_top_k if active else model.moe_experts
+    return model.dim * model.moe_experts + (model.moe_shared_experts + routed) * expert_param_count(model)
+
+
+def expert_param_count(model: ModelConfig) -> int:
+    """Weights of one expert: an MLP of expert_ffn_dim."""
+    return model.mlp_matrices * model.dim * model.expert_ffn_dim
+
+
+def moe_layer_count(model: ModelConfig, layers: range) -> int:
+    """How many of the blocks `layers` are mixture-of-experts: those from moe_first_layer on."""
+    return len(range(max(layers.start, model.moe_first_layer), layers.stop)) if model.is_moe else 0
+
+
+def layer_param_count(model: ModelConfig, moe: bool = False, active: bool = False) -> int:
+    """Weights of one transformer block: attention, the MLP (`mlp_param_count`) and the two
+    RMSNorm gains."""
     h, hd = model.dim, model.head_dim
     attention = h * model.n_heads * hd * 2 + h * model.n_kv_heads * hd * 2   # q, o; k, v
-    mlp = model.mlp_matrices * h * model.ffn_dim                             # (gate,) up, down
-    return attention + mlp + 2 * h
+    return attention + mlp_param_count(model, moe, active) + 2 * h
 
 
-def param_count(model: ModelConfig, embeddings: bool = True) -> int:
+def param_count(model: ModelConfig, embeddings: bool = True, active: bool = False) -> int:
     """Parameters of the model, exactly as `minipar.trainer.model.Transformer` holds them.
 
     embeddings=False leaves out the input embedding table (a lookup, no FLOPs) and keeps the
     output head (a matmul): that is the N of 6N. With tied embeddings the shared table is the
-    head, so it stays.
+    head, so it stays. `active`: a mixture of experts' weights one token meets (its top_k
+    routed experts of each MoE block, not all E): the N of its FLOPs.
     """
     table = model.vocab_size * model.dim
     head = 0 if model.tie_embeddings else table
     inputs = table if embeddings or model.tie_embeddings else 0
-    return model.n_layers * layer_param_count(model) + model.dim + head + inputs  # + final norm
+    moe = moe_layer_count(model, range(model.n_layers))
+    blocks = (model.n_layers - moe) * layer_param_count(model) + moe * layer_param_count(model, True, active)
+    return blocks + model.dim + head + inputs                                # + final norm
 
 
-def local_param_count(model: ModelConfig, tp: int, layers: int, first: bool, last: bool) -> int:
+def local_param_count(model: ModelConfig, tp: int, layers: int, first: bool, last: bool,
+                      moe_layers: int = 0) -> int:
     """Parameters one GPU holds: `layers` blocks sharded over tp (norm gains replicated), plus
-    the vocab-parallel embedding on the first stage, the final norm and head on the last."""
+    the vocab-parallel embedding on the first stage, the final norm and head on the last.
+    `moe_layers` of those blocks are mixture-of-experts: counted here without their routed
+    experts, which expert parallelism splits instead (`local_expert_param_count`)."""
     h = model.dim
     block = (layer_param_count(model) - 2 * h) // tp + 2 * h
+    moe_block = (layer_param_count(model, True) - model.moe_experts * expert_param_count(model)
+                 - 2 * h) // tp + 2 * h
     table = model.vocab_size * h // tp
     norm_and_head = h + (0 if model.tie_embeddings and first else table)
-    return layers * block + (table if first else 0) + (norm_and_head if last else 0)
+    blocks = (layers - moe_layers) * block + moe_layers * moe_block
+    return blocks + (table if first else 0) + (norm_and_head if last else 0)
+
+
+def local_expert_param_count(model: ModelConfig, tp: int, ep: int, moe_layers: int) -> int:
+    """Routed-expert weights one GPU holds in its `moe_layers` blocks: E / ep experts each,
+    every expert sharded over tp like a dense MLP."""
+    return moe_layers * (model.moe_experts // ep) * expert_param_count(model) // tp
 
 
 # ------------------------------------------------------------------ FLOPs
 def dense_flops_per_token(model: ModelConfig) -> float:
-    """6 N: the weight matmuls, forward and backward."""
-    return 6.0 * param_count(model, embeddings=False)
+    """6 N: the weight matmuls, forward and backward. For a mixture of experts N is the
+    weights a token meets (`param_count(active=True)`): MFU counts the work each token needs,
+    not the experts it skips."""
+    return 6.0 * param_count(model, embeddings=False, active=True)
 
 
 def attention_flops_per_token(model: ModelConfig, seq_len: int) -> float:

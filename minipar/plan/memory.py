@@ -1,4 +1,5 @@
-"""The memory model: what one pipeline rank holds, and which rank is the fullest.
+"""The memory model: what one pipeline rank holds (which rank is the fullest is the cost
+model's question: `costmodel.memory.fullest_stage`).
 
 Chapter "Memory: where every byte goes". Torch-free. The one count of bytes that the
 preflight (`runtime.preflight`: will this run fit on this machine?), the cost model
@@ -23,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ModelConfig, ParallelConfig
-from .flops import local_param_count
+from .flops import local_expert_param_count, local_param_count
 from .formulas.memory import (activation_elements, embedding_saved_bytes, head_saved_bytes,
                               in_flight_chunks, layer_saved_elements, logits_saved_bytes,
                               rope_saved_elements, weight_pass_kept_elements,
                               zero_bytes_per_param)
-from .schedules import rank_layers, stage_layer_counts
+from .schedules import rank_layers, stage_layer_counts, stage_moe_counts
 
 
 @dataclass(frozen=True)
@@ -73,20 +74,26 @@ def layer_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
 
 def activation_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
                      seq_len: int, microbatch_size: int, stage: int,
-                     recompute_layers: int | None = None) -> float:
+                     recompute_layers: int | None = None, expert_load: float = 1.0) -> float:
     """Peak bytes of activations on pipeline rank `stage`, running `pc.microbatches`
     micro-batches of `microbatch_size` sequences with `pc.recompute`: each chunk's in-flight
     micro-batches times what its layers keep (+ RoPE's tables, the embedding's ids and the
     head's softmax where they live), plus, under full recompute, one layer recomputed.
     `recompute_layers` N (the cost model's --recompute-layers, with full recompute): only the
     first N layers of each chunk keep just their input (Megatron's --recompute-method
-    block), the others all they save."""
+    block), the others all they save. A mixture-of-experts block keeps what its routed tokens
+    need (`moe_extra_elements`; `expert_load`: this rank's routed tokens over the mean)."""
     v, tokens, recompute = pc.virtual_stages, microbatch_size * seq_len // pc.cp, pc.recompute
     flight = in_flight_chunks(pc.schedule, pc.pp, pc.microbatches, stage, v,
                               pc.consecutive_microbatches)
     layers = stage_layer_counts(model.n_layers, pc.pp * v)
     per_layer = layer_bytes(model, pc, precision, recompute) * tokens
     acts = sum(n * layers[c * pc.pp + stage] * per_layer for c, n in enumerate(flight))
+    if model.is_moe:
+        moes = stage_moe_counts(model, pc.pp * v)
+        extra = moe_extra_elements(model, pc.tp, recompute, precision.kernels, expert_load)
+        routed = sum(n * moes[c * pc.pp + stage] for c, n in enumerate(flight))
+        acts += routed * extra * precision.act_bytes * tokens
     if recompute == "full" and recompute_layers is not None:
         kept = layer_bytes(model, pc, precision, "none") * tokens     # a layer not recomputed
         redone = [min(recompute_layers, layers[c * pc.pp + stage]) for c in range(v)]
@@ -130,24 +137,45 @@ def recompute_transient(model: ModelConfig, pc: ParallelConfig, precision: Preci
 
 def memory_of_rank(model: ModelConfig, pc: ParallelConfig, precision: Precision,
                    seq_len: int, microbatch_size: int, stage: int,
-                   recompute_layers: int | None = None) -> dict[str, float]:
+                   recompute_layers: int | None = None, expert_load: float = 1.0) -> dict[str, float]:
     """Bytes pipeline rank `stage` holds: {"params", "grads", "optimizer", "activations",
-    "total"}; ZeRO shards the first three over the dp x cp group by its stage."""
+    "total"}; ZeRO shards the first three over the dp x cp group by its stage, and a mixture
+    of experts' routed experts (E / ep on each EP rank) over the dp x cp / ep ranks that hold
+    the same experts (the expert-data-parallel group, `expert_state_bytes`)."""
     layers = rank_layers(model, pc.pp, pc.virtual_stages, stage)
-    params = local_param_count(model, pc.tp, layers, stage == 0, stage == pc.pp - 1)
+    moes = rank_layers(model, pc.pp, pc.virtual_stages, stage, moe=True)
+    params = local_param_count(model, pc.tp, layers, stage == 0, stage == pc.pp - 1, moes)
     per_param = zero_bytes_per_param(pc.zero, pc.dp * pc.cp, precision.param_bytes,
                                      precision.grad_bytes, precision.optimizer_bytes)
-    out = {part: params * nbytes for part, nbytes in per_param.items()}
+    experts = expert_state_bytes(model, pc, precision, moes)
+    out = {part: params * nbytes + experts[part] for part, nbytes in per_param.items()}
     out["activations"] = activation_bytes(model, pc, precision, seq_len, microbatch_size, stage,
-                                          recompute_layers)
+                                          recompute_layers, expert_load)
     out["total"] = sum(out.values())
     return out
 
 
-def fullest_stage(model: ModelConfig, pc: ParallelConfig, precision: Precision,
-                  seq_len: int, microbatch_size: int, recompute_layers: int | None = None) -> int:
-    """The pipeline rank whose total is largest (the first, on a tie): every rank holds its
-    own layers, chunks and micro-batches in flight."""
-    totals = [memory_of_rank(model, pc, precision, seq_len, microbatch_size, r,
-                             recompute_layers)["total"] for r in range(pc.pp)]
-    return totals.index(max(totals))
+def expert_state_bytes(model: ModelConfig, pc: ParallelConfig, precision: Precision,
+                       moe_layers: int) -> dict[str, float]:
+    """Bytes of the routed experts of `moe_layers` blocks one EP rank holds, by part: ZeRO
+    shards them over the expert-data-parallel group, dp x cp / ep ranks."""
+    per_param = zero_bytes_per_param(pc.zero, pc.dp * pc.cp // pc.ep, precision.param_bytes,
+                                     precision.grad_bytes, precision.optimizer_bytes)
+    n = local_expert_param_count(model, pc.tp, pc.ep, moe_layers)
+    return {part: n * nbytes for part, nbytes in per_param.items()}
+
+
+def moe_extra_elements(model: ModelConfig, tp: int, recompute: str, kernels: str,
+                       expert_load: float = 1.0) -> float:
+    """Elements per token a mixture-of-experts block keeps beyond a dense block of ffn_dim:
+    the router's E scores; for each of its top_k routed copies (times `expert_load`, the
+    rank's routed tokens over the mean) the dispatched input and the expert's output (the
+    combine's weights need it), and the expert's MLP activations; the shared experts' MLP
+    activations; less the dense MLP's. Full recomputation keeps only the block's input."""
+    if not model.is_moe or recompute == "full":
+        return 0.0
+    mlp = 4 if kernels == "eager" else model.mlp_matrices - (recompute == "selective")
+    expert = mlp * model.expert_ffn_dim / tp
+    routed = model.moe_top_k * expert_load * (2 * model.dim + expert)
+    return model.moe_experts + routed + model.moe_shared_experts * expert - mlp * model.ffn_dim / tp
+

@@ -49,6 +49,7 @@ from .config import ConfigError, ModelConfig, ParallelConfig
 from .costmodel import frameworks, gpu_cluster
 from .costmodel.gpus import GPU_NAMES
 from .costmodel.constants import LLAMA3_EFFICIENCY
+from .costmodel.experts import uneven_all_to_all_seconds
 from .costmodel.memory import param_total_local
 from .costmodel.scenario import Scenario
 from .costmodel.time import estimate, pass_seconds
@@ -60,6 +61,7 @@ from .pipes import quiet_on_closed_pipe
 from .schedules import rank_layers, stage_layer_counts
 
 AXES = ("tp", "cp", "pp", "dp")
+EXPERT_AXIS = "ep"          # a mixture of experts' all-to-alls: reported only when recorded
 WIDENABLE = ("tp", "dp")
 
 
@@ -225,6 +227,8 @@ class Physics:
     def comm(self, c: dict, stage: int) -> float:
         """Seconds of one collective or send on the target's link for its axis."""
         axis, op = c["axis"], c["op"]
+        if axis == EXPERT_AXIS and op == "all_to_all":
+            return self.all_to_all(c)
         if axis not in AXES or op == "recv":
             return 0.0
         n_rec = len(c["group"])
@@ -237,6 +241,20 @@ class Physics:
         n = {"tp": pc.tp, "cp": pc.cp, "pp": 2, "dp": pc.dp * pc.cp}[axis]
         nbytes = full if op == "send" else wire_bytes(op, n, int(full))
         return times * self.t.seconds(nbytes, axis, op, 1)
+
+    def all_to_all(self, c: dict) -> float:
+        """An expert-parallel all-to-all: the bytes this rank sent to each member of its group
+        (args split_bytes) and received from each (`expert_receives`), each scaled as a token's
+        row of dim activations is from the recorded run to the target, timed by the cost
+        model's all-to-all physics (`experts.uneven_all_to_all_seconds`)."""
+        t, r = self.t, self.t.recorded_model
+        scale = (self.tokens / self.recorded_tokens * t.model.dim / r.dim
+                 * t.precision.act_bytes / self.elem)
+        me = c["group"].index(c["rank"]) if "rank" in c else 0
+        send = [b * scale for b in c["split_bytes"]]
+        recv = [b * scale for b in c.get("recv_bytes", c["split_bytes"])]
+        times = self.layers if "layer" in c else 1.0
+        return times * uneven_all_to_all_seconds(send, recv, me, t)
 
     def ratio(self, axis: str, op: str, full: float, stage: int) -> float:
         """Target bytes over recorded bytes of one message of `axis`."""
@@ -416,6 +434,7 @@ def replay(trace: dict, gpu: str = "h100", framework: str | None = None, model: 
         raise ConfigError("--dp: the trace has no data-parallel operations to widen "
                           "(record it again with this minipar: it notes them over one rank)")
     physics = physics or Physics(target)
+    expert_receives(progs)
     stage = {int(r): c.get("pp", 0) for r, c in meta["ranks"].items()}
     share = segment_shares(progs, units)
 
@@ -425,6 +444,27 @@ def replay(trace: dict, gpu: str = "h100", framework: str | None = None, model: 
     sim = simulate(progs, compute, lambda c, rank: physics.comm(c, stage[rank]))
     out = replayed_trace(sim, units, meta, target)
     return measure(out, sim, units, target)
+
+
+def expert_receives(progs: dict[int, list[Op]]) -> None:
+    """Each expert-parallel all-to-all's comm event gains `rank` (the poster) and
+    `recv_bytes`: what it received from each member, read off the other members' split_bytes
+    for the same collective (the k-th of that group on each member, as `flights` matches
+    them). A hot expert's rank receives more than it sends: the replay times both."""
+    posts = defaultdict(dict)                     # (group, k) -> {rank: its post}
+    counts = defaultdict(int)
+    for rank, prog in progs.items():
+        for op in prog:
+            c = op.comm
+            if op.kind == "post" and c.get("axis") == EXPERT_AXIS and c.get("op") == "all_to_all":
+                key = tuple(c["group"])
+                counts[(key, rank)] += 1
+                posts[(key, counts[(key, rank)])][rank] = op
+    for (group, _), members in posts.items():
+        for rank, op in members.items():        # a copy: the trace itself stays as read
+            me = group.index(rank)
+            op.comm = {**op.comm, "rank": rank, "recv_bytes": [
+                members[g].comm["split_bytes"][me] if g in members else 0 for g in group]}
 
 
 def segment_shares(progs: dict[int, list[Op]], units: dict) -> dict[int, float]:
@@ -505,9 +545,10 @@ def measure(trace: dict, sim: dict, units: dict, target: Target) -> Replay:
     w = target.work
     mfu = flops.mfu(w.tokens / step, target.model, w.seq_len, target.cluster.peak_flops,
                     target.parallel.world_size)
-    keep = {a: 0.0 for a in AXES}
-    return Replay(step, bubble, {**keep, **{a: exposed[a] for a in AXES if a in exposed}},
-                  {**keep, **{a: hidden[a] for a in AXES if a in hidden}}, mfu, target.widened,
+    axes = AXES + ((EXPERT_AXIS,) if EXPERT_AXIS in exposed or EXPERT_AXIS in hidden else ())
+    keep = {a: 0.0 for a in axes}
+    return Replay(step, bubble, {**keep, **{a: exposed[a] for a in axes if a in exposed}},
+                  {**keep, **{a: hidden[a] for a in axes if a in hidden}}, mfu, target.widened,
                   trace, target)
 
 

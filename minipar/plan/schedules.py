@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from .blocking import run_until_blocked, stuck
 from .config import ConfigError, ModelConfig, positive, refuse, schedule_problems
+from .flops import moe_layer_count
 
 # The chapter's closed forms (the bubble of each schedule, the bytes, what is in flight) are
 # in `minipar.plan.formulas.pipeline_parallel`, with the other chapters' formulas.
@@ -111,9 +112,19 @@ def stage_layer_counts(n_layers: int, n_stages: int) -> list[int]:
     return [len(r) for r in stage_split(n_layers, n_stages)]
 
 
-def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, rank: int) -> int:
-    """Layers held by pipeline rank `rank` (its chunks are global stages c*pp + rank)."""
-    counts = stage_layer_counts(model.n_layers, pp * virtual_stages)
+def stage_moe_counts(model: ModelConfig, n_stages: int) -> list[int]:
+    """Mixture-of-experts blocks of each global stage (`flops.moe_layer_count`)."""
+    if not model.is_moe:           # the planner asks millions of times for dense models
+        return [0] * n_stages
+    return [moe_layer_count(model, r) for r in stage_split(model.n_layers, n_stages)]
+
+
+def rank_layers(model: ModelConfig, pp: int, virtual_stages: int, rank: int,
+                moe: bool = False) -> int:
+    """Layers held by pipeline rank `rank` (its chunks are global stages c*pp + rank); with
+    `moe`, only its mixture-of-experts blocks."""
+    n = pp * virtual_stages
+    counts = stage_moe_counts(model, n) if moe else stage_layer_counts(model.n_layers, n)
     return sum(counts[stage_of(rank, c, pp)] for c in range(virtual_stages))
 
 
@@ -308,7 +319,8 @@ def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_w: float 
     duration = {"F": t_f, "B": t_b if split else t_b + t_w, "W": t_w}
     # Each action with what it waits for: (kind, microbatch, stage) keys, and the extra
     # delay of each (the p2p transfer, when the dependency ran on another rank).
-    plan = {r: [(a, [(d, t_comm if d[2] % pp != r else 0.0) for d in dependencies(a, r, pp, v)])
+    held = [{a.stage(r, pp) for a in acts} for r, acts in enumerate(schedule)]   # each rank's stages
+    plan = {r: [(a, [(d, 0.0 if d[2] in held[r] else t_comm) for d in dependencies(a, r, pp, v)])
                 for a in acts] for r, acts in enumerate(schedule)}
     done = {}                                          # end times by (kind, mb, stage)
 

@@ -324,7 +324,8 @@ def check_contents(step_dir: str, manifest: dict, model: ModelConfig) -> dict:
     parameters, cut as the layout says (`check_entry`), the manifest's `names` its file's,
     and together they fill every parameter; history.jsonl is JSON objects."""
     with torch.device("meta"):      # every parameter's shape, no memory (a tied head: none)
-        want = {n: list(p.shape) for n, p in Transformer(model, seed=None).named_parameters()
+        want = {n: list(p.shape) for n, p in
+                Transformer(model, seed=None).state_dict(keep_vars=True).items()
                 if not (model.tie_embeddings and n == "lm_head.weight")}
     cut, entries = {}, []
     for name in sorted(n for n in manifest["files"] if n.startswith("rank_")):
@@ -380,6 +381,10 @@ def check_entry(e, want: dict, tp: int, where: str) -> dict:
     shape, dim, adam = list(e["shape"]), e["tp_dim"], tuple(k for k in ADAM if k in e)
     if type(dim) is int and 0 <= dim < len(shape) and type(shape[dim]) is int:
         shape[dim] *= e["tp_size"]
+    cuts = e.get("ep_size", 1)      # an expert weight: this EP rank's experts (dim 0)
+    if type(cuts) is not int or not 0 <= e.get("ep_rank", 0) < cuts or not shape:
+        raise CheckpointError(f"{where}: {name}: its ep_rank and ep_size are not a cut")
+    shape[0] *= cuts
     if shape != want[name] or e["tp_size"] != (tp if dim is not None else 1):
         raise CheckpointError(f"{where}: {name} is {shape} in the file (tp_size {e['tp_size']}"
                               f"), the manifest's model makes it {want[name]} (tp {tp})")
@@ -388,7 +393,8 @@ def check_entry(e, want: dict, tp: int, where: str) -> dict:
                                                      not in (int, float)):
         raise CheckpointError(f"{where}: {name}: its tensors are not its elements "
                               f"{e['start']}:{e['stop']}, or AdamW's state is incomplete")
-    return {**{k: v for k, v in e.items() if k not in ADAM}, "how": (dim, e["tp_size"], adam)}
+    return {**{k: v for k, v in e.items() if k not in ADAM},
+            "how": (dim, e["tp_size"], cuts, adam)}
 
 
 # What a step *means*: the tokens it reads are a pure function of these (and of the step).
@@ -441,11 +447,25 @@ def named_params(chunks, model: ModelConfig) -> list[tuple[str, torch.nn.Paramet
     return [(tied.get(n, n), p) for m in chunks for n, p in m.named_parameters()]
 
 
+def named_buffers(chunks) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the state that is no parameter but part of the model (a MoE
+    layer's routing bias): the same on every TP and data-parallel rank."""
+    return [(n, t) for m in chunks for n, t in m.state_dict(keep_vars=True).items()
+            if not isinstance(t, torch.nn.Parameter)]
+
+
 def shard_entries(chunks, dp, optimizer, grid, model: ModelConfig):
     """This rank's slices of every parameter it saves, one at a time, with AdamW's m, v and
     step, each labelled with where it lies in the global tensor. What a rank holds of a parameter is
     `dp.shard_of(p)`: all of it, or (ZeRO) its piece. Copies of one tensor are saved once,
-    by the rank whose copy counts, as the gradient norm counts it once."""
+    by the rank whose copy counts, as the gradient norm counts it once; an expert's slices
+    say which of the EP group's cuts along dim 0 they are. Buffers (`named_buffers`) are
+    saved whole by the first rank of TP and dp x cp."""
+    if grid.tp.rank == grid.dp_cp.rank == 0:
+        yield from ({"name": n, "shape": list(t.shape), "start": 0, "stop": t.numel(),
+                     "tp_dim": None, "tp_rank": 0, "tp_size": 1,
+                     "param": t.detach().reshape(-1).to("cpu", copy=True)}
+                    for n, t in named_buffers(chunks))
     for name, p in named_params(chunks, model):
         shard = dp.shard_of(p)
         if shard.start == shard.stop or not grid.counts(p, dp.holds_replicas):
@@ -453,8 +473,10 @@ def shard_entries(chunks, dp, optimizer, grid, model: ModelConfig):
         tp = placements(p).get("tp")
         tp_dim = tp.dim if isinstance(tp, Shard) else None
         tp_rank, tp_size = (grid.tp.rank, grid.tp.size) if tp_dim is not None else (0, 1)
+        ep = grid.ep if "ep" in placements(p) else None
         entry = {"name": name, "shape": list(shard.shape), "start": shard.start,
                  "stop": shard.stop, "tp_dim": tp_dim, "tp_rank": tp_rank, "tp_size": tp_size,
+                 "ep_rank": ep.rank if ep else 0, "ep_size": ep.size if ep else 1,
                  # a copy: a view would drag its whole storage (the full parameter) along
                  "param": shard.data.detach().reshape(-1).to("cpu", copy=True)}
         state = optimizer.state.get(shard.key)
@@ -467,9 +489,14 @@ def shard_entries(chunks, dp, optimizer, grid, model: ModelConfig):
 # ================================================================ reassembling and cutting
 def full_tensor(entries: list[dict], key: str = "param") -> torch.Tensor:
     """The global tensor `key` of one parameter from the slices that hold it: pieces fill
-    the flat ranges of each TP shard, TP shards are concatenated along their dim. Copies of
-    one slice (a tied head, say) are harmless: they are equal. Every TP shard has the
-    same shape (the layout's rules make tp divide the dim it cuts)."""
+    the flat ranges of each TP shard, TP shards are concatenated along their dim, and an
+    expert weight's EP cuts along dim 0. Copies of one slice (a tied head, say) are
+    harmless: they are equal. Every TP shard has the same shape (the layout's rules make
+    tp divide the dim it cuts)."""
+    cuts = entries[0].get("ep_size", 1)
+    if cuts > 1:
+        return torch.cat([full_tensor([{**e, "ep_size": 1} for e in entries if e["ep_rank"] == r],
+                                      key) for r in range(cuts)])
     first = entries[0]
     shape, tp_dim = first["shape"], first["tp_dim"]
     shards = []
@@ -642,8 +669,8 @@ def load(path: str, chunks, dp, optimizer, grid, model: ModelConfig) -> tuple[in
     from, the records of the steps before it)."""
     step_dir = resolve(path)
     manifest = read_manifest(step_dir)
-    mine = named_params(chunks, model)
-    needed = {name for name, _ in mine}
+    mine, buffers = named_params(chunks, model), named_buffers(chunks)
+    needed = {name for name, _ in mine + buffers}
     entries = defaultdict(list)     # the slices of each parameter, from the files that hold any
     for fname, info in manifest["files"].items():
         if fname.startswith("rank_") and needed.intersection(info["names"]):
@@ -652,6 +679,8 @@ def load(path: str, chunks, dp, optimizer, grid, model: ModelConfig) -> tuple[in
     with torch.no_grad():      # every name is there: `check_resume` found the same model
         for name, p in mine:
             _restore(p, entries[name], dp, optimizer, grid)
+        for name, t in buffers:
+            t.copy_(full_tensor(entries[name]).view_as(t))
     _restore_rng(step_dir, manifest, grid)
     history = [json.loads(line) for line in
                read_verified(step_dir, HISTORY, manifest).decode().splitlines() if line]

@@ -42,7 +42,7 @@ def checkpoint_state(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], d
 
 def main(argv=None) -> int:
     p = Parser(prog=PROG, description="Write a minipar checkpoint (any layout) as a Hugging "
-                                      "Face Llama directory.")
+                                      "Face Llama or Mixtral directory.")
     p.add_argument("--resume", required=True, help="a checkpoint directory, or a --save DIR")
     p.add_argument("--out", required=True, help="the Hugging Face directory to write")
     p.add_argument("--tokenizer", default=None,

@@ -29,6 +29,7 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -37,8 +38,8 @@ from ..plan.flags import Parser
 from ..plan.pipes import quiet_on_closed_pipe
 from ..trainer.model import Transformer
 from .export import checkpoint_state
-from .hf import (CONFIG, check_dir, check_model_memory, hf_name, inside, read_config,
-                 tokenizer_file, weight_files)
+from .hf import (CONFIG, check_dir, check_model_memory, hf_name, inside, is_stacked,
+                 read_config, stored_names, tokenizer_file, weight_files)
 
 PROG = "python -m minipar.generate"
 
@@ -171,6 +172,22 @@ def load_hf_state_dict(model: Transformer, sd: dict[str, torch.Tensor]):
     return model.load_state_dict(ours)
 
 
+def minipar_state(sd: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
+    """The inverse of `hf.hf_state`, for what `model` holds (a whole model or a stage): each of
+    its weights found in `sd` (Hugging Face's names), experts stacked again, a tied head
+    from the embedding saved once; a buffer (the routing bias) as `model` has it."""
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        names = stored_names(name, model.cfg)
+        if not isinstance(t, nn.Parameter):
+            out[name] = t.detach()
+        elif all(n in sd for n in names):
+            out[name] = torch.stack([sd[n] for n in names]) if is_stacked(name) else sd[names[0]]
+    if model.cfg.tie_embeddings and "lm_head.weight" not in out and "embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
+
+
 def load_model(path: str) -> Transformer:
     """The single-device model of a Hugging Face directory (generation, tests): every
     tensor of every file, checked first. (The trainer reads a slice per rank instead:
@@ -181,8 +198,8 @@ def load_model(path: str) -> Transformer:
     check_model_memory(mcfg, f"--init-hf {path}/{CONFIG}", copies=2)
     check_dir(path, mcfg)
     model = Transformer(mcfg, seed=None)
-    load_hf_state_dict(model, {name: t for file in set(weight_files(path).values())
-                               for name, t in load_file(file).items()})
+    sd = {name: t for file in set(weight_files(path).values()) for name, t in load_file(file).items()}
+    model.load_state_dict(minipar_state(sd, model))     # a Mixtral's experts stacked again
     return model
 
 

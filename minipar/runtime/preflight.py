@@ -171,7 +171,9 @@ def stage_bytes(model: ModelConfig, cfg: TrainConfig, stage: int,
     (`plan.memory.memory_of_rank`, minipar's own tensors)."""
     p = cfg.parallel
     layers = schedules.rank_layers(model, p.pp, p.virtual_stages, stage)
-    whole = flops.local_param_count(model, 1, layers, stage == 0, stage == p.pp - 1)
+    moes = schedules.rank_layers(model, p.pp, p.virtual_stages, stage, moe=True)
+    whole = (flops.local_param_count(model, 1, layers, stage == 0, stage == p.pp - 1, moes)
+             + flops.local_expert_param_count(model, 1, 1, moes))   # every expert, before EP
     rank = memory_of_rank(model, p, replace(FP32, act_bytes=act_bytes), cfg.seq_len,
                           cfg.global_batch // (p.dp * p.microbatches), stage)
     held = rank["params"] + rank["grads"] + rank["optimizer"]

@@ -136,12 +136,15 @@ def _file(tally: dict, axis: str, op: str, measured: int, rule: int):
 
 
 def _measured_run(real, tally: dict):
-    """`comm._run`, each collective waited on and its bytes filed under its axis."""
+    """`comm._run`, each collective waited on and its bytes filed under its axis. gloo's
+    rule for an uneven all-to-all is what its caller says leaves the rank (`wire`): each
+    peer gets its rows directly."""
     def run(collective, axis, name, payload, full, finish, /, *args, async_op=False, **kw):
         before = sent_bytes()
         out = real(collective, axis, name, payload, full, finish, *args, async_op=async_op, **kw)
         out = comm.Handle(result=out.wait()) if async_op else out
-        _file(tally, axis.log_as, name, sent_bytes() - before, gloo_bytes(name, axis.size, full))
+        rule = gloo_bytes(name, axis.size, full) if kw.get("wire") is None else kw["wire"]
+        _file(tally, axis.log_as, name, sent_bytes() - before, rule)
         return out
     return run
 

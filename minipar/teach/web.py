@@ -9,8 +9,12 @@ Figure its place, limits, scales, ticks, lines, boxes and texts, read back from 
 Gantt chart and a loss curve, so the browser draws exactly the numbers `figure` drew.
 
 Each explorer module names the settings its page offers in `WEB` (control name -> the
-values offered, a few of the control's own); the other controls stay at the module's
-DEFAULTS. `payload(chapter)` draws every combination of them (`settings`).
+values offered, a few of the control's own); `payload(chapter)` draws every combination of
+them (`settings`). A module may also name controls in `ALONE` (name -> values): each of
+them moves one at a time from its DEFAULTS value, with every combination of `WEB` (a full
+product of five time sliders would be thousands of pictures). The other controls stay at the
+module's DEFAULTS. A module's `same_picture(values)`, if any, maps a setting to one that
+draws the same picture (a control the picture ignores at that setting), so it is drawn once.
 """
 from __future__ import annotations
 
@@ -27,10 +31,10 @@ from matplotlib.patches import Rectangle
 
 from .widgets import FIT_CONTROLS, WHATIF_CONTROLS
 
-CHAPTERS = ("cluster", "collectives", "context_parallel", "data_parallel", "failures", "fourd",
-            "hf", "llama3", "memory", "mfu", "pipeline_parallel", "tensor_parallel")
+CHAPTERS = ("cluster", "collectives", "context_parallel", "data_parallel", "experts", "failures",
+            "fourd", "hf", "llama3", "memory", "mfu", "pipeline_parallel", "tensor_parallel")
 DIGITS = 6          # significant digits of every number shipped: the browser needs no more
-MAX_FRAMES = 64     # a page's settings, all combinations: each costs build time and bytes
+MAX_FRAMES = 700    # a page's settings: each costs build time (the browser loads only those shown)
 
 
 # ---------------------------------------------------------------- numbers, colours, texts
@@ -63,7 +67,7 @@ def _plain(text: str) -> str:
 def figure_data(fig) -> dict:
     """Everything a browser needs to draw `fig` again: its size and, per Axes, the place,
     limits, scales, ticks, lines, boxes and texts; then the figure's own texts."""
-    fig.canvas.draw()        # tick labels and text places are final only after a draw
+    fig.draw_without_rendering()    # tick labels and text places are final only after a draw
     width, height = fig.get_size_inches()
     return {"size": _nums([width, height]),
             "axes": [_axes(ax, fig) for ax in fig.axes if ax.get_visible()],
@@ -203,18 +207,33 @@ def controls(chapter: str) -> dict:
 
 
 def grid(chapter: str) -> dict[str, list]:
-    """The settings the chapter's page offers: control name -> the values offered."""
-    return {name: list(values) for name, values in explorer(chapter).WEB.items()}
+    """The settings the chapter's page offers: control name -> the values offered, those of
+    `WEB` (every combination) then those of `ALONE` (one at a time)."""
+    module = explorer(chapter)
+    return {name: list(values) for name, values in {**module.WEB, **alone(chapter)}.items()}
+
+
+def alone(chapter: str) -> dict[str, list]:
+    """The controls the page moves one at a time (the module's `ALONE`, if any)."""
+    return {name: list(values) for name, values in getattr(explorer(chapter), "ALONE", {}).items()}
 
 
 def settings(chapter: str, start: dict | None = None):
-    """(key, values) for every combination of the offered settings, the rest of the values
-    at the module's DEFAULTS updated by `start`. The key is the index of each value in its
-    list, joined by commas ("0,2,1"): what the page looks up when a control moves."""
+    """(key, values) for every setting the page offers: each combination of `WEB`, with at
+    most one `ALONE` control moved from its default; the rest of the values at the module's
+    DEFAULTS updated by `start`. The key is the index of each value in its list, joined by
+    commas ("0,2,1"): what the page looks up when a control moves."""
     offered, base = grid(chapter), {**explorer(chapter).DEFAULTS, **(start or {})}
-    for index in itertools.product(*(range(len(v)) for v in offered.values())):
-        chosen = {name: offered[name][i] for name, i in zip(offered, index)}
-        yield ",".join(map(str, index)), {**base, **chosen}
+    single = alone(chapter)
+    home = {name: offered[name].index(base[name]) for name in single}
+    moves = [dict(home)] + [{**home, name: i} for name in single
+                            for i in range(len(single[name])) if i != home[name]]
+    product = [name for name in offered if name not in single]
+    for index in itertools.product(*(range(len(offered[name])) for name in product)):
+        for move in moves:
+            chosen = {**dict(zip(product, index)), **move}
+            yield (",".join(str(chosen[name]) for name in offered),
+                   {**base, **{name: offered[name][i] for name, i in chosen.items()}})
 
 
 def frame(chapter: str, values: dict) -> dict:
@@ -227,17 +246,24 @@ def frame(chapter: str, values: dict) -> dict:
 
 
 def payload(chapter: str, start: dict | None = None, keys=None) -> dict:
-    """What the chapter's page ships: its controls (name, label, kind, offered values), the
-    key of the frame shown first (`start`'s values, else the DEFAULTS) and every frame with
-    the values it was drawn for (only those of `keys`, when given: the tests' shortcut)."""
-    offered, all_controls = grid(chapter), controls(chapter)
+    """What the chapter's page ships: its controls (name, label, kind, offered values, and
+    whether it moves alone), the key of the frame shown first (`start`'s values, else the
+    DEFAULTS) and every frame with the values it was drawn for (only those of `keys`, when
+    given: the tests' shortcut)."""
+    offered, all_controls, single = grid(chapter), controls(chapter), alone(chapter)
     base = {**explorer(chapter).DEFAULTS, **(start or {})}
     first = ",".join(str(offered[name].index(base[name])) for name in offered)
-    frames, values = {}, {}
+    same = getattr(explorer(chapter), "same_picture", lambda values: values)
+    frames, values, drawn = {}, {}, {}
     for key, setting in settings(chapter, start):
         if keys is None or key in keys:
-            frames[key], values[key] = frame(chapter, setting), setting
-    return {"chapter": chapter, "first": first, "values": values, "frames": frames,
+            # settings the module says draw the same picture are drawn once
+            canonical = repr(sorted(same(setting).items()))
+            if canonical not in drawn:
+                drawn[canonical] = frame(chapter, setting)
+            frames[key], values[key] = drawn[canonical], setting
+    return {"chapter": chapter, "first": first, "base": base, "values": values, "frames": frames,
             "controls": [{"name": name, "label": all_controls[name].label or name,
-                          "kind": all_controls[name].kind, "values": vals}
+                          "kind": all_controls[name].kind, "values": vals,
+                          "alone": name in single}
                          for name, vals in offered.items()]}

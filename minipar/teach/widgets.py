@@ -9,6 +9,7 @@ ipywidgets is imported only there, so the static figures need nothing but matplo
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -59,17 +60,67 @@ def toggle(label=None) -> Control:
 
 
 def widget(name: str, control: Control, value):
-    """The ipywidget of `control`, set to `value`."""
+    """The ipywidget of `control`, set to `value`. Sliders report a value when let go, not
+    at every step of a drag: dragging the GPU count from 8 to 16,384 would redraw eleven
+    plans on the way."""
     import ipywidgets as w   # here, not at the top: optional, only the live explorers need it
 
     label, v = control.label or name, control.values
+    slid = dict(description=label, continuous_update=False)
     make = {"choice": lambda: w.Dropdown(options=list(v), value=value, description=label),
-            "steps": lambda: w.SelectionSlider(options=list(v), value=value, description=label),
-            "int": lambda: w.IntSlider(value=value, min=v[0], max=v[1], step=v[2], description=label),
-            "float": lambda: w.FloatSlider(value=value, min=v[0], max=v[1], step=v[2], description=label),
-            "log": lambda: w.FloatLogSlider(value=value, base=10, min=v[0], max=v[1], description=label),
+            "steps": lambda: w.SelectionSlider(options=list(v), value=value, **slid),
+            "int": lambda: w.IntSlider(value=value, min=v[0], max=v[1], step=v[2], **slid),
+            "float": lambda: w.FloatSlider(value=value, min=v[0], max=v[1], step=v[2], **slid),
+            "log": lambda: w.FloatLogSlider(value=value, base=10, min=v[0], max=v[1], **slid),
             "toggle": lambda: w.Checkbox(value=value, description=label)}
     return make[control.kind]()
+
+
+def offered(control: Control) -> tuple:
+    """The values a reader can give `control` (a "log" slider's: its decades)."""
+    v = control.values
+    if control.kind in ("choice", "steps"):
+        return v
+    if control.kind == "int":
+        return tuple(range(v[0], v[1] + 1, v[2]))
+    if control.kind == "toggle":
+        return (False, True)
+    if control.kind == "float":
+        return tuple(round(v[0] + i * v[2], 9) for i in range(int(round((v[1] - v[0]) / v[2])) + 1))
+    return tuple(10.0 ** e for e in range(int(v[0]), int(v[1]) + 1))
+
+
+# ---------------------------------------------------------------- an invalid setting, in place
+def one_change_fixes(controls: dict[str, Control], values: dict, problems_of, most: int = 4) -> list[str]:
+    """The controls that alone make `values` valid, each with the values that do
+    ("tp = 1, 2, 4 or 8"): `problems_of(values)` lists the rules a setting breaks (cheap:
+    it runs once per value of every control)."""
+    out = []
+    for name, control in controls.items():
+        good = [v for v in offered(control)
+                if v != values.get(name) and not problems_of({**values, name: v})]
+        if good:
+            shown = [f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in good]
+            either = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+            out.append(f"{control.label or name} = {either}")
+    return out[:most]
+
+
+def draw_invalid(ax, problems: list[str], fixes: list[str] | None, width: int = 92):
+    """An invalid setting where its picture would be: the rules it breaks (each names the
+    flag and the rule) and the one-control changes that make it valid (None: the problems
+    say the fix themselves), wrapped to the figure's width (a browser does not wrap a
+    figure's text)."""
+    ax.axis("off")
+    lines = [textwrap.fill(p, width, initial_indent="- ", subsequent_indent="  ") for p in problems]
+    if fixes is not None:
+        lines += ["", "To make it valid, change one control:" if fixes else
+                  "No single control makes it valid: change two (the rules above say which)."]
+        lines += [textwrap.fill(f, width, initial_indent="- ", subsequent_indent="  ") for f in fixes]
+    ax.text(0, 1, "This setting cannot run:", color=INVALID, fontsize=10, weight="bold",
+            va="top", transform=ax.transAxes)
+    ax.text(0, 0.86, "\n".join(lines), color=INVALID, fontsize=8.5, va="top",
+            transform=ax.transAxes)
 
 
 def explorer(controls: dict[str, Control], draw, values: dict, split: int):
@@ -127,6 +178,21 @@ def whatif_estimate(model=None, cluster=None, **layout):
     return e, None
 
 
+def layout_problems_of(model, kw: dict) -> list[str]:
+    """The rules a what-if layout breaks, without estimating it (cheap: what the fixes of
+    an invalid setting try, once per value of every control)."""
+    v = kw["virtual_stages"] if kw["schedule"] == "interleaved" else 1
+    try:
+        pc = ParallelConfig(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=kw["dp"], zero=kw["zero"],
+                            sp=kw["tp"] > 1, schedule=kw["schedule"], virtual_stages=v,
+                            cp_impl=kw["cp_impl"])
+        work = make_workload(kw["seq_len"], kw["global_batch_tokens"], None,
+                             kw["microbatch_size"], kw["recompute"])
+    except ConfigError as err:
+        return err.problems
+    return layout_problems(model, pc, work)
+
+
 def whatif_figure(model=None, cluster=None, **layout):
     """One what-if panel: where the step's time goes, the memory of the most loaded GPU
     against the HBM, and the bytes each GPU sends per axis. An invalid layout draws its
@@ -140,7 +206,9 @@ def whatif_figure(model=None, cluster=None, **layout):
     ma, ba = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     fig.suptitle(_whatif_title(kw), fontsize=9)
     if e is None:
-        _draw_problems((ta, ma, ba), problems)
+        model = model or ModelConfig.preset("llama3-405b")
+        _draw_problems((ta, ma, ba), problems, one_change_fixes(
+            WHATIF_CONTROLS, kw, lambda values: layout_problems_of(model, values)))
         return fig
     _draw_time(ta, e)
     _draw_memory(ma, e, cluster.hbm_gb)
@@ -162,15 +230,11 @@ def _time_color(part: str) -> str:
     return COLORS["tp time" if part == "tp" else part]
 
 
-def _draw_problems(axes, problems: list[str]):
-    """An invalid layout: no plots, its broken rules in red."""
+def _draw_problems(axes, problems: list[str], fixes: list[str]):
+    """An invalid layout: no plots; its broken rules and their fixes where they were."""
     for a in axes:
         a.axis("off")
-    ta = axes[0]
-    ta.text(0, 0.9, "invalid layout:", color=INVALID, fontsize=11, weight="bold",
-            transform=ta.transAxes)
-    for i, line in enumerate(problems[:6]):
-        ta.text(0, 0.75 - 0.13 * i, line, color=INVALID, fontsize=8, transform=ta.transAxes)
+    draw_invalid(axes[0], problems[:6], fixes)
 
 
 def _draw_time(ta, e):
@@ -254,11 +318,12 @@ def fit_figure(**layout):
                              kw["microbatch_size"], kw["recompute"])
         problems = layout_problems(model, pc, work)
         if problems:
-            raise ConfigError("; ".join(problems))
+            raise ConfigError(*problems)
         ranks = [memory_of_rank(model, pc, work, PRECISIONS[kw["precision"]], r)
                  for r in range(pc.pp)]
     except ConfigError as err:
-        _draw_problems((ax,), str(err).split("; "))
+        _draw_problems((ax,), err.problems, one_change_fixes(
+            FIT_CONTROLS, kw, _fit_problems))
         return fig
     totals = stacked_bars(ax, {part: [r[part] / 1e9 for r in ranks]
                                for part in ("params", "grads", "optimizer", "activations")})
@@ -276,7 +341,15 @@ def fit_figure(**layout):
     return fig
 
 
-FIT_CONTROLS = {**WHATIF_CONTROLS, "model": choice(PRESETS), "precision": choice(PRECISIONS)}
+def _fit_problems(kw: dict) -> list[str]:
+    """The rules a "will it fit" setting breaks (its model is a control too)."""
+    return layout_problems_of(ModelConfig.preset(kw["model"]), kw)
+
+
+# The dense presets only: the memory model's expert parts (MoE presets, the experts chapter)
+# are not what this chapter teaches, and its figure has no bar for them.
+DENSE = tuple(name for name, m in PRESETS.items() if not m.moe_experts)
+FIT_CONTROLS = {**WHATIF_CONTROLS, "model": choice(DENSE), "precision": choice(PRECISIONS)}
 
 
 def will_it_fit(**defaults):

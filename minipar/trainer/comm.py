@@ -71,15 +71,15 @@ class CommLog:
         self.stats: dict[tuple[str, str], OpStats] = defaultdict(OpStats)
         self.enabled = True
 
-    def record(self, axis: str, op: str, n: int, payload: int, full: int) -> bool:
-        """Count one collective over n ranks (`full`: the size the ring formula takes).
-        False while `paused`: then the collective is neither counted nor traced."""
+    def record(self, axis: str, op: str, n: int, payload: int, wire: int) -> bool:
+        """Count one collective over n ranks that puts `wire` bytes on the wire. False
+        while `paused`: then the collective is neither counted nor traced."""
         if not self.enabled:
             return False
         st = self.stats[(axis, op)]
         st.calls += 1
         st.payload_bytes += payload
-        st.wire_bytes += wire_bytes(op, n, full)
+        st.wire_bytes += wire
         return True
 
     def reset(self):
@@ -109,14 +109,17 @@ def nbytes(*tensors) -> int:
 
 
 def _run(collective, axis: Axis, name: str, payload: int, full: int, finish, /, *args,
-         async_op=False, **kw):
+         async_op=False, wire: int | None = None, split_bytes=None, **kw):
     """Start one collective over `axis`; count it in `LOG` and note it in the event stream.
-    Returns `finish()` once it has arrived, or with async_op a `Handle` whose wait() does."""
+    Returns `finish()` once it has arrived, or with async_op a `Handle` whose wait() does.
+    Its wire bytes: the ring formula on `full`, unless the caller knows them (`wire`)."""
     start = events.now()
     work = collective(*args, group=axis.group, async_op=async_op, **kw)
-    if LOG.record(axis.log_as, name, axis.size, payload, full):
-        events.collective(axis.log_as, name, axis.ranks, payload,
-                          wire_bytes(name, axis.size, full), start, work if async_op else None)
+    wire = wire_bytes(name, axis.size, full) if wire is None else wire
+    if LOG.record(axis.log_as, name, axis.size, payload, wire):
+        extra = {} if split_bytes is None else {"split_bytes": split_bytes}
+        events.collective(axis.log_as, name, axis.ranks, payload, wire, start,
+                          work if async_op else None, **extra)
     return Handle([work], finish=finish) if async_op else finish()
 
 
@@ -186,6 +189,20 @@ def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
                 lambda: torch.cat(out.unbind(0), dim=concat_dim), out, inp)
 
 
+def all_to_all_uneven(t: torch.Tensor, axis: Axis, send_rows: list[int], recv_rows: list[int],
+                      wire: int):
+    """Send rows send_rows[j] of `t` (in order: the first send_rows[0] to position 0, ...) to
+    the rank at position j, and return the rows received, recv_rows[j] from position j, in
+    rank order: expert parallelism's dispatch and combine, whose sizes are the routing's.
+    The caller says the bytes that leave this rank (`wire`: all but its own rows), and the
+    trace notes each peer's share (`split_bytes`) for a replay to re-time."""
+    row = t[0].numel() * t.element_size() if t.shape[0] else 0     # (no rows: all sizes 0)
+    out = t.new_empty((sum(recv_rows), *t.shape[1:]))
+    return _run(dist.all_to_all_single, axis, "all_to_all", nbytes(t), nbytes(t),
+                lambda: out, out, t.contiguous(), recv_rows, send_rows, wire=wire,
+                split_bytes=[n * row for n in send_rows])
+
+
 class Handle:
     """A collective in flight. `wait()` blocks until it has arrived and returns its result
     (the reduced tensor, the gathered one, the received buffers). Waiting twice is harmless:
@@ -221,10 +238,10 @@ def exchange_async(sends=(), recvs=(), axis_name: str = "pp") -> Handle:
     # gloo gives one work per op; NCCL coalesces the batch into one
     for p, work in zip(ops, works if len(works) == len(ops) else works * len(ops)):
         op, size = "send" if p.op is dist.isend else "recv", nbytes(p.tensor)
-        if LOG.record(axis_name, op, 2, size, size):
+        if LOG.record(axis_name, op, 2, size, wire := wire_bytes(op, 2, size)):
             # the trace pairs each send with its receive by (sender, receiver, tag)
-            events.collective(axis_name, op, sorted((me, p.peer)), size, wire_bytes(op, 2, size),
-                              start, work, peer=p.peer, tag=p.tag)
+            events.collective(axis_name, op, sorted((me, p.peer)), size, wire, start, work,
+                              peer=p.peer, tag=p.tag)
     return Handle(works, result=[t for t, *_ in recvs])
 
 

@@ -9,6 +9,13 @@ can overlap with compute, spans the whole cluster.
 group do I reduce gradients over?", "who is my next pipeline stage?", "of the copies of
 this replicated tensor, does mine count?".
 
+Expert parallelism (chapter "Experts: the fifth axis") is no fifth coordinate: as in
+Megatron and torchtitan, its ranks are carved from the dp x cp ranks, which hold the same
+weights and see different tokens. Number the dp x cp group's ranks 0.. (CP fastest); each
+run of `ep` consecutive ones is an EP group, which splits the experts, and the ranks at the
+same place of every run are an expert-data-parallel group ("edp"), which holds the same
+experts and reduces their gradients.
+
 Chapter "Four dimensions at once".
 """
 
@@ -29,17 +36,21 @@ class ProcessGrid:
     process, so the book can draw a 16 000-GPU layout on a laptop.
     """
 
-    def __init__(self, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, rank: int = 0):
+    def __init__(self, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, rank: int = 0,
+                 ep: int = 1):
         self.sizes = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
-        self.world_size = tp * cp * pp * dp
+        self.world_size, self.ep_size = tp * cp * pp * dp, ep
         self.rank = rank            # 0 <= rank < world_size: launch and preflight see to it
-        groups = {name: self.group_ranks(name, rank) for name in (*AXES, "dp_cp")}
+        self.names = (*AXES, "dp_cp") + (("ep", "edp") if ep > 1 else ())
+        groups = {name: self.group_ranks(name, rank) for name in (*AXES, "dp_cp", "ep", "edp")}
         # the whole world, for the few scalars every rank must agree on (loss, grad norm)
         groups["world"] = tuple(range(self.world_size))
-        # gradients reduced over dp x cp are data-parallel traffic: logged as "dp"
-        self.axes = {name: Axis(name, g, g.index(rank), log_as="dp" if name == "dp_cp" else "")
-                     for name, g in groups.items()}
-        # grid.tp, grid.cp, grid.pp, grid.dp, grid.dp_cp, grid.world: this rank's Axis of each
+        # gradients reduced over dp x cp (or edp) are data-parallel traffic: logged as "dp"
+        self.axes = {name: Axis(name, g, g.index(rank), log_as="dp" if name in ("dp_cp", "edp")
+                                else "") for name, g in groups.items()}
+        if ep == 1:     # every expert here: its gradients go with the others, over dp x cp
+            self.axes["edp"] = self.axes["dp_cp"]
+        # grid.tp, grid.cp, grid.pp, grid.dp, grid.dp_cp, grid.ep, grid.edp, grid.world
         vars(self).update(self.axes)
 
     # -- pure layout -------------------------------------------------------------------
@@ -61,11 +72,14 @@ class ProcessGrid:
         `dp_cp` is the group gradients are reduced over: CP ranks hold the same weights and
         see different tokens, exactly like DP ranks.
         """
-        free = ("dp", "cp") if name == "dp_cp" else (name,)
+        free = ("dp", "cp") if name in ("dp_cp", "ep", "edp") else (name,)
         c = self.coords(rank)
         # every value of the free coordinates, the others kept as they are
-        return tuple(sorted(self.rank_of(**{**c, **dict(zip(free, vals))})
-                            for vals in itertools.product(*(range(self.sizes[a]) for a in free))))
+        group = tuple(sorted(self.rank_of(**{**c, **dict(zip(free, vals))})
+                             for vals in itertools.product(*(range(self.sizes[a]) for a in free))))
+        i, n = group.index(rank), self.ep_size
+        # EP: my run of ep consecutive dp x cp ranks; edp: my place in every run
+        return {"ep": group[i - i % n:i - i % n + n], "edp": group[i % n::n]}.get(name, group)
 
     def all_groups(self, name: str) -> list[tuple[int, ...]]:
         """Every group of axis `name`, each once, ordered by its lowest rank."""
@@ -77,15 +91,17 @@ class ProcessGrid:
         Copies along an axis (placed `Replicate()` or `Partial()` there; dp x cp too when
         every data-parallel rank holds the whole tensor, i.e. without ZeRO) count once: on
         the rank with index 0 on each axis the tensor is copied along."""
-        copied = [a for a, how in placements(p).items() if not isinstance(how, Shard)]
-        return all(self.axes[a].rank == 0 for a in copied + ["dp_cp"] * replicated_over_dp)
+        where = placements(p)
+        copied = [a for a, how in where.items() if not isinstance(how, Shard)]
+        data = "edp" if "ep" in where else "dp_cp"      # an expert's copies: over edp
+        return all(self.axes[a].rank == 0 for a in copied + [data] * replicated_over_dp)
 
     def init_groups(self, backend: str | None = None) -> "ProcessGrid":
         """Create one process group per axis. Collective: every rank calls it, in the same order.
 
         `new_group` must be called by all ranks for every group, even those they are not in.
         """
-        for name in (*AXES, "dp_cp"):
+        for name in self.names:
             for ranks in self.all_groups(name):
                 g = dist.new_group(list(ranks), backend=backend)
                 if self.rank in ranks:

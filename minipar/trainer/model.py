@@ -5,7 +5,9 @@ Chapter "One model, sixteen thousand GPUs".
 Every parallel layout in minipar is proved against this model. Module names are Hugging
 Face's (`embed_tokens`, `layers.3.self_attn.q_proj`, ...) so that a Llama checkpoint loads
 with a prefix and nothing else (`hf.hf_name`, chapter "Real models in and out"), and a
-pipeline stage is just this class holding fewer layers.
+pipeline stage is just this class holding fewer layers. With `moe_experts` > 0 the MLP of
+the layers from `moe_first_layer` on is a mixture of experts (`MoE`; chapter "Experts: the
+fifth axis"), named as DeepSeek-V3's (`mlp.gate`, `mlp.experts`, `mlp.shared_experts`).
 """
 
 import hashlib
@@ -103,11 +105,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ffn_dim: int | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        ffn_dim = ffn_dim or cfg.ffn_dim
+        self.gate_proj = nn.Linear(cfg.dim, ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, ffn_dim, bias=False)
+        self.down_proj = nn.Linear(ffn_dim, cfg.dim, bias=False)
 
     def gate_up(self, x):
         """The two projections of x (a seam: `--tp-overlap` computes both in one ring trip)."""
@@ -118,13 +121,130 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-class TransformerBlock(nn.Module):
+class Experts(nn.Module):
+    """E SwiGLU experts, their weights stacked: expert e is gate_proj[e], up_proj[e] and
+    down_proj[e], each laid out as an nn.Linear's [out, in]. `forward(x, counts)`: the rows
+    of x are token copies grouped by expert, counts[e] of them for expert e, in that order.
+
+    A loop over the experts, not `torch._grouped_mm` (one kernel for all of them): on the CPU
+    the two measured within noise of each other at this book's sizes and at 16 experts of
+    512 x 1024 (benchmarks/experts_grouped.py prints loop / grouped), and the loop runs in any
+    dtype, shape and device, where the grouped GEMM wants 16-byte-aligned strides, bf16 on a
+    GPU, and its CPU backward fails on a broadcast gradient."""
+
+    def __init__(self, n: int, dim: int, ffn_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Parameter(torch.empty(n, ffn_dim, dim))
+        self.up_proj = nn.Parameter(torch.empty(n, ffn_dim, dim))
+        self.down_proj = nn.Parameter(torch.empty(n, dim, ffn_dim))
+
+    def forward(self, x, counts):
+        # unbind, not [e]: its backward stacks the experts' gradients once, where indexing
+        # would write each into a zero tensor the size of all of them
+        out = [F.linear(F.silu(F.linear(xe, gate)) * F.linear(xe, up), down) for xe, gate, up, down
+               in zip(x.split(counts.tolist()), self.gate_proj.unbind(), self.up_proj.unbind(),
+                      self.down_proj.unbind())]
+        return torch.cat(out)
+
+
+class _Balance(torch.autograd.Function):
+    """Identity on the block's output; its backward hands the auxiliary loss its gradient, 1
+    (the loss joins the objective without joining the returned logits, as Megatron's
+    MoEAuxLossAutoScaler does), and counts the micro-batch's routing into the load. Counted
+    in the backward because the backward runs once per micro-batch: a recomputed forward
+    (`--recompute full`) routes the same tokens twice."""
+
+    @staticmethod
+    def forward(ctx, y, aux, hits, moe):
+        ctx.hits, ctx.moe = hits, moe
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.moe.load += ctx.hits
+        return g, torch.ones((), device=g.device), None, None
+
+
+class MoE(nn.Module):
+    """Mixture of experts: a router sends each token to k of E routed experts and adds up
+    their outputs, weighted by its scores; shared experts see every token.
+
+    Scores: softmax (Mixtral) or sigmoid (DeepSeek-V3), the chosen k renormalised to sum to
+    1. `expert_bias` (DeepSeek-V3's auxiliary-loss-free balancing) is added to the scores
+    for choosing only: `parallel/experts.balance_experts` moves it after each optimizer step,
+    up for experts that received fewer than the mean, down for the others. `aux_weight` > 0
+    adds the sequence-wise balance loss: per sequence, E/(k T) x sum over experts of (copies
+    sent to it) x (its mean normalised score). A capacity factor C > 0 keeps, per sequence
+    and expert, the ceil(C T k / E) earliest copies (position order) and drops the rest.
+
+    `experts` is the seam of expert parallelism (`parallel/experts.py`), as `core` is
+    attention's: it takes the copies grouped by expert and returns their outputs.
+    """
+
     def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.k, self.n, self.sigmoid = cfg.moe_top_k, cfg.moe_experts, cfg.moe_score == "sigmoid"
+        self.capacity = cfg.moe_capacity_factor
+        self.gate = nn.Linear(cfg.dim, cfg.moe_experts, bias=False)     # the router
+        self.register_buffer("expert_bias", torch.zeros(cfg.moe_experts))
+        # copies routed to each expert since the last optimizer step (`balance_experts`)
+        self.register_buffer("load", torch.zeros(cfg.moe_experts, dtype=torch.long),
+                             persistent=False)
+        self.experts = Experts(cfg.moe_experts, cfg.dim, cfg.expert_ffn_dim)
+        shared = cfg.moe_shared_experts * cfg.expert_ffn_dim    # S experts side by side: one MLP
+        self.shared_experts = MLP(cfg, shared) if shared else None
+        self.aux_weight = 0.0    # the balance loss's coefficient / sequences per step (`Trainer`)
+
+    def route(self, x):
+        """x [b, s, d] -> scores [b, s, E] (float32), chosen experts and their weights [b, s, k]."""
+        logits = self.gate(x).float()
+        scores = logits.sigmoid() if self.sigmoid else logits.softmax(-1)
+        chosen = (scores + self.expert_bias).topk(self.k, dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        return scores, chosen, weights / weights.sum(-1, keepdim=True)
+
+    def forward(self, x):
+        scores, chosen, weights = self.route(x)
+        hits = F.one_hot(chosen, self.n).sum(2)      # [b, s, E]: 1 where a token chose e
+        keep = torch.ones_like(chosen, dtype=torch.bool)
+        if self.capacity > 0:     # copies sent to e at earlier positions of the same sequence
+            cap = math.ceil(self.capacity * x.shape[1] * self.k / self.n)
+            keep = (hits.cumsum(1) - hits).gather(-1, chosen) < cap
+        y = self.routed(x.flatten(0, 1), chosen.flatten(0, 1), weights.flatten(0, 1),
+                        keep.flatten(0, 1)).view_as(x)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        aux = self.aux_weight * self.balance_loss(scores, hits) if self.aux_weight else \
+            x.new_zeros(())
+        return _Balance.apply(y, aux, hits.sum((0, 1)), self) if y.requires_grad else y
+
+    def routed(self, x, chosen, weights, keep):
+        """sum over the kept (token, slot) copies of weight x expert(token): each copy
+        grouped by expert (stable: in token order), computed, added back to its token."""
+        token, slot = keep.nonzero(as_tuple=True)
+        expert = chosen[token, slot]
+        order = expert.argsort(stable=True)
+        out = self.experts(x[token[order]], torch.bincount(expert, minlength=self.n))
+        w = weights[token[order], slot[order]].unsqueeze(-1).to(out.dtype)
+        return x.new_zeros(x.shape, dtype=out.dtype).index_add(0, token[order], out * w)
+
+    def balance_loss(self, scores, hits):
+        """Sum over sequences of sum_e f_e P_e: f_e = E/(k T) x copies sent to e, P_e = the
+        mean over the T tokens of e's score normalised over all E."""
+        count = hits.sum(1).float()                                  # [b, E]
+        p = (scores / scores.sum(-1, keepdim=True)).sum(1)           # [b, E]
+        tokens = count.sum(-1, keepdim=True) / self.k
+        return ((self.n * count / (self.k * tokens)) * (p / tokens)).sum()
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        # from moe_first_layer on, a mixture of experts (DeepSeek-V3's first 3 stay dense)
+        self.mlp = MoE(cfg) if cfg.is_moe and layer >= cfg.moe_first_layer else MLP(cfg)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -146,7 +266,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         layer_ids = range(cfg.n_layers) if layer_ids is None else layer_ids
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim) if first else None
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in layer_ids})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in layer_ids})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps) if last else None
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if last else None
         if cfg.tie_embeddings and first and last:
@@ -185,7 +305,7 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02):
         # a tied head on the last pipeline stage starts as a copy of the first stage's embedding
         key = name.replace("lm_head", "embed_tokens") if model.cfg.tie_embeddings else name
         g = torch.Generator().manual_seed(param_seed(seed, key))
-        s = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+        s = out_std if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")) else std
         p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * s)
 
 

@@ -24,7 +24,9 @@ from ..plan.flops import mfu
 from . import comm, events, profile
 from .grid import ProcessGrid
 from .memory_meter import ActivationMeter, fullest_rank, state_bytes
+from .model import MoE
 from .parallel.context import shard_sequence
+from .parallel.experts import balance_experts
 from .parallel.pipeline import pipeline_forward_backward
 from .parallelize import parallelize
 from .tokens import local_microbatches, make_source
@@ -147,9 +149,13 @@ class Trainer:
                  tokenizer: str | None = None, after_backward: Callable | None = None):
         self.cfg, self.pcfg, self.mcfg = cfg, cfg.parallel, cfg.model_config()
         p = self.pcfg
-        self.grid = ProcessGrid(p.tp, p.cp, p.pp, p.dp, dist.get_rank()).init_groups()
+        self.grid = ProcessGrid(p.tp, p.cp, p.pp, p.dp, dist.get_rank(), p.ep).init_groups()
         self.device = comm.device()
         self.model = parallelize(self.mcfg, p, self.grid, cfg.seed, self.device)
+        # the balance loss per sequence of the step, added once over TP (its ranks route alike)
+        aux = self.mcfg.moe_aux_loss / cfg.global_batch if self.grid.tp.rank == 0 else 0.0
+        for moe in (m for c in self.model.chunks for m in c.modules() if isinstance(m, MoE)):
+            moe.aux_weight = aux
         if load_weights:     # the runtime's reader of saved weights (--init-hf): my slices
             load_weights(self.model.chunks, self.mcfg, self.model.dp.shard_of, self.grid.axes)
         if cfg.dtype == "bf16" or (cfg.dtype == "auto" and self.device.type == "cuda"):
@@ -190,6 +196,7 @@ class Trainer:
             if finite:                # else: --skip-nonfinite, no update from this batch
                 self.optimizer.step()
         dp.after_optimizer_step()     # ZeRO 1/2: every rank gathers the updated weights
+        balance_experts(self.model.chunks, grid.dp_cp, self.mcfg.moe_bias_rate * finite)
         rec = self.record(step, loss, norm, lr, time.perf_counter() - t0)
         rec.update({} if finite else {"skipped": True})
         rec["memory"] = fullest_rank({**self.memory_bytes(), "activations": saved.peak}, grid)

@@ -1,24 +1,45 @@
 // The browser check of the built book (`make test-html`): serve _build/html on 127.0.0.1,
 // open every page in headless Chromium and fail on anything a reader would see go wrong
-// offline:
+// offline. Every page is read three times: on a laptop (1280x800), on a phone (390x844, at
+// twice the pixels, touch) and on a 2x laptop screen (1280x800 at device scale factor 2).
+//
+// On every screen:
 //   - a console error or an uncaught exception;
 //   - a request that failed, returned >= 400, or left this machine (the book must be
 //     readable with no network, so any request not to 127.0.0.1 is a failure);
-//   - an image that did not load;
+//   - an image that did not load; math that MathJax did not typeset (or typeset as an
+//     error);
+//   - a page wider than the screen (the document scrolls sideways);
+//   - a figure of the book ({mpfig}, an SVG) whose smallest text is shown under 9 px: its
+//     font sizes are read from the SVG file, times the scale it is shown at.
+// On the laptop:
 //   - an internal link to a missing page, or to an anchor the page does not have;
-//   - math that MathJax did not typeset (or typeset as an error);
-//   - a figure shown more than 1.5x smaller than it was drawn (its text would be too small
-//     to read: figures are drawn for the 672 px column, minipar.teach.style.PAGE_WIDTH);
+//   - a figure shown more than 1.5x smaller than it was drawn (figures are drawn for the
+//     672 px column, minipar.teach.style.PAGE_WIDTH);
 //   - a code or output block that scrolls sideways (folded cells opened first);
-//   - an explorer (book/_ext/explorer_html.py) that does not draw, or whose picture does
-//     not change when its first control moves.
-// It saves a screenshot of each page's first screen under _build/screens/ (and of each
-// explorer after its control moved, explorer-<chapter>.png), prints how long
-// each explorer took to draw after the page's DOMContentLoaded, and writes what each
-// explorer drew for two settings to _build/screens/explorers-drawn.json, which
-// tests/html/test_agreement.py compares with the Python figures (`make test-html`).
+//   - the ☰ button that does not fold the table of contents away and back;
+//   - a caption, table caption or explorer note under WCAG AA contrast (4.5:1), in the
+//     light and in the dark theme;
+//   - an explorer (book/_ext/explorer_html.py) that does not draw once the reader scrolls
+//     to it, or whose picture does not change when its first control moves.
+// On the phone:
+//   - the ☰ button that does not open the table of contents (and "contents" the page's);
+//   - a figure whose full-size view (a tap) is not larger than the page shows it;
+//   - a page that loads more than 2.5 MB when opened (every response's bytes, cache off;
+//     the weight after reading it through, explorers included, is printed beside it).
+// On the 2x screen: a figure that is a raster shown at less than 2 device pixels per pixel.
+// Once, from file:// (no server): search shows a snippet under each result, and the
+// glossary is not the first result for most queries.
+//
+// It saves a screenshot of each page's first screen under _build/screens/ (laptop, and
+// phone-<page>.png), and of each explorer after its control moved (explorer-<chapter>.png),
+// prints each page's weight, the smallest figure text at 390 px and how long each explorer
+// took to draw after it was asked for, and writes what each explorer drew for two settings to
+// _build/screens/explorers-drawn.json, which tests/html/test_agreement.py compares with the
+// Python figures (`make test-html`).
 //
 // Usage: node tests/html/check.mjs [_build/html] [_build/screens]
+// (CHECK_PAGES=book/memory.html,search.html checks only those pages, links and all.)
 // Chromium is Debian's (/usr/bin/chromium, or $CHROMIUM), driven by playwright-core.
 
 import { createServer } from "node:http";
@@ -31,7 +52,21 @@ const SCREENS = resolve(process.argv[3] ?? join(ROOT, "..", "screens"));
 const BROWSER = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const PAGE_TIMEOUT_MS = 30_000;
 const SETTLE_MS = 10_000;
-const MAX_SHRINK = 1.5;      // natural width / shown width of a figure
+const MAX_SHRINK = 1.5;         // natural width / shown width of a figure, on the laptop
+const MIN_TEXT_PX = 9;          // the smallest figure text shown, in CSS px, on any screen
+const MAX_PAGE_BYTES = 2.5e6;   // what a page may load when opened
+const MIN_CONTRAST = 4.5;       // WCAG AA, for text
+
+// The three screens every page is read on.
+const LAPTOP = { name: "laptop", viewport: { width: 1280, height: 800 }, deviceScaleFactor: 1 };
+const PHONE = { name: "phone", viewport: { width: 390, height: 844 }, deviceScaleFactor: 2,
+                isMobile: true, hasTouch: true };
+const LAPTOP_2X = { name: "laptop-2x", viewport: { width: 1280, height: 800 }, deviceScaleFactor: 2 };
+
+// Queries a reader of the book would type: the glossary may come first for a few of them,
+// not for most.
+const QUERIES = ["pipeline bubble", "all-reduce", "ZeRO", "MFU", "activation recomputation",
+                 "tensor parallelism", "ring attention", "micro-batch", "checkpoint", "NVLink"];
 
 // ---------------------------------------------------------------- a static file server
 
@@ -59,7 +94,8 @@ async function serve(req, res) {
   const path = await fileFor(new URL(req.url, "http://x").pathname);
   if (!path) { res.writeHead(404).end(); return; }
   const type = MIME[extname(path)] ?? "application/octet-stream";
-  res.writeHead(200, { "content-type": type }).end(await readFile(path));
+  const body = await readFile(path);
+  res.writeHead(200, { "content-type": type, "content-length": body.length }).end(body);
 }
 
 // Port 0: the system picks a free port, so two checks never collide.
@@ -89,8 +125,13 @@ function inspectPage() {
     src: img.currentSrc || img.src,
     loaded: img.complete && img.naturalWidth > 0,
     // how much smaller than drawn the reader sees it (0: not shown, e.g. a folded output)
+    shown: img.getBoundingClientRect().width,
     shrink: img.getBoundingClientRect().width > 0
       ? img.naturalWidth / img.getBoundingClientRect().width : 0,
+    // device pixels of the file per device pixel of the screen (a raster's sharpness)
+    sharpness: img.getBoundingClientRect().width > 0
+      ? img.naturalWidth / (img.getBoundingClientRect().width * devicePixelRatio) : 0,
+    figure: Boolean(img.closest("figure.mpfig")),
   }));
   // Every code and output block, folded ones opened: none may scroll sideways.
   const folded = Array.from(document.querySelectorAll("details:not([open])"));
@@ -121,6 +162,92 @@ function inspectPage() {
            hasMathJax: typeof window.MathJax?.startup?.promise !== "undefined" };
 }
 
+// Runs in the page: wider than `width` (the screen) means the document scrolls sideways.
+// Names the outermost elements that stick out, not inside a box that scrolls itself.
+function tooWide(width) {
+  const scrollWidth = document.documentElement.scrollWidth;
+  if (scrollWidth <= width) return null;
+  const inScrollBox = (el) => {
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement)
+      if (getComputedStyle(p).overflowX !== "visible") return true;
+    return false;
+  };
+  const culprits = Array.from(document.querySelectorAll("body *")).filter((el) => {
+    const box = el.getBoundingClientRect();
+    return box.width > 0 && box.right > width + 1 && !inScrollBox(el)
+      && !(el.parentElement?.getBoundingClientRect().right > width + 1);
+  });
+  return { scrollWidth, culprits: culprits.slice(0, 3).map((el) =>
+    `<${el.tagName.toLowerCase()} class="${el.getAttribute("class") ?? ""}"> ` +
+    (el.textContent ?? "").trim().replace(/\s+/g, " ").slice(0, 50)) };
+}
+
+// Runs in the page: the WCAG contrast of each caption, table caption and explorer note with
+// what is behind it (backgrounds with alpha composed up to the first opaque one).
+function captionContrasts() {
+  const rgba = (css) => {
+    const m = css.match(/rgba?\(([^)]+)\)/);
+    if (!m) return null;
+    const [r, g, b, a = 1] = m[1].split(/[\s,/]+/).filter(Boolean).map(Number);
+    return [r, g, b, a];
+  };
+  const over = (top, under) => [0, 1, 2].map((i) => top[i] * top[3] + under[i] * (1 - top[3]));
+  const backdrop = (el) => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c && c[3] > 0) layers.push(c);
+      if (c && c[3] >= 1) break;
+    }
+    return layers.reverse().reduce((under, top) => over(top, under), [255, 255, 255]);
+  };
+  const luminance = (rgb) => rgb.map((v) => {
+    const c = v / 255;
+    return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+  }).reduce((sum, c, i) => sum + c * [0.2126, 0.7152, 0.0722][i], 0);
+  return Array.from(document.querySelectorAll(
+    "figcaption, table > caption, p.minipar-explorer-note"))
+    .filter((el) => el.getClientRects().length && el.textContent.trim())
+    .map((el) => {
+      const back = backdrop(el);
+      const text = over(rgba(getComputedStyle(el).color), back);
+      const [l1, l2] = [luminance(text), luminance(back)].sort((a, b) => b - a);
+      return { what: `<${el.tagName.toLowerCase()}> ${el.textContent.trim().slice(0, 40)}`,
+               ratio: (l1 + 0.05) / (l2 + 0.05) };
+    });
+}
+
+// The smallest text of an SVG figure, in its own units, and its width in those units:
+// font sizes as matplotlib writes them with text kept as text (minipar_book.save_svg).
+async function svgText(src) {
+  const path = await fileFor(new URL(src).pathname);
+  if (!path) return null;
+  const svg = await readFile(path, "utf8");
+  const box = svg.match(/<svg\b[^>]*?\bviewBox="[-\d.]+ [-\d.]+ ([\d.]+) [\d.]+"/);
+  const sizes = Array.from(svg.matchAll(/font(?:-size)?:[^;"]*?([\d.]+)px/g), (m) => +m[1]);
+  if (!box || !sizes.length) return null;
+  return { smallest: Math.min(...sizes), width: +box[1] };
+}
+
+// The figures' smallest text as shown (CSS px): for every SVG figure shown on the page.
+async function figureText(seen, page, report, device) {
+  const shown = [];
+  for (const img of seen.images.filter((i) => i.figure && i.shown > 0)) {
+    if (!img.src.endsWith(".svg")) {
+      if (device === LAPTOP) report(`figure is not an SVG: ${img.src}`);
+      continue;
+    }
+    const svg = await svgText(img.src);
+    if (!svg) { report(`figure has no text sizes to read: ${img.src}`); continue; }
+    const px = svg.smallest * img.shown / svg.width;
+    shown.push({ page, src: img.src, px });
+    if (px < MIN_TEXT_PX - 0.01)             // 0.01: the layout's rounding of the width
+      report(`figure text shown at ${px.toFixed(1)} px at ${device.viewport.width} px (under ` +
+             `${MIN_TEXT_PX}): ${img.src}`);
+  }
+  return shown;
+}
+
 // A page that is only a <meta http-equiv="refresh"> (Sphinx's index.html) navigates away
 // at once: check that its target exists instead of rendering it.
 async function redirectTarget(page) {
@@ -128,7 +255,7 @@ async function redirectTarget(page) {
   return html.match(/<meta http-equiv="refresh" content="\d+;\s*url=([^"]+)"/i)?.[1];
 }
 
-async function checkPage(context, base, page, problems) {
+async function checkPage(context, base, page, problems, device) {
   const target = await redirectTarget(page);
   if (target) {
     const url = new URL(target, new URL(page, base));
@@ -137,22 +264,26 @@ async function checkPage(context, base, page, problems) {
   }
   const tab = await context.newPage();
   try {
-    return await inspectInBrowser(tab, base, page, problems);
+    return await inspectInBrowser(tab, base, page, problems, device);
   } finally {
     await tab.close();
   }
 }
 
-async function inspectInBrowser(tab, base, page, problems) {
-  const report = (what) => problems.push(`${page}: ${what}`);
+// Opens the page and waits for what it loads by itself: MathJax, its fonts, the network.
+// Returns the bytes of every response so far and a function that gives the running total.
+async function open(tab, base, page, report) {
+  let bytes = 0;
   tab.on("console", (msg) => { if (msg.type() === "error") report(`console error: ${msg.text()}`); });
   tab.on("pageerror", (err) => report(`uncaught exception: ${err.message}`));
   tab.on("requestfailed", (req) => {
     if (new URL(req.url()).host !== base.host) report(`request leaves the machine: ${req.url()}`);
     else report(`request failed: ${req.url()} (${req.failure()?.errorText})`);
   });
-  tab.on("response", (res) => { if (res.status() >= 400) report(`HTTP ${res.status()}: ${res.url()}`); });
-
+  tab.on("response", (res) => {
+    if (res.status() >= 400) report(`HTTP ${res.status()}: ${res.url()}`);
+    bytes += Number(res.headers()["content-length"] ?? 0);
+  });
   await tab.goto(new URL(page, base).href, { waitUntil: "load", timeout: PAGE_TIMEOUT_MS });
   // MathJax typesets after load; wait for it, then for the fonts it asks for.
   await tab.evaluate(() => window.MathJax?.startup?.promise);
@@ -161,7 +292,146 @@ async function inspectInBrowser(tab, base, page, problems) {
   // is checked as it fails or leaves the machine (the listeners above), so stop waiting
   // after a while instead of failing the page.
   await tab.waitForLoadState("networkidle", { timeout: SETTLE_MS }).catch(() => {});
-  // Lazy images below the fold have not loaded yet: ask for them all, and wait (a while).
+  return () => bytes;
+}
+
+// The checks every screen makes, once the page has been read through.
+async function checkSeen(tab, seen, page, report, device) {
+  for (const img of seen.images) if (!img.loaded) report(`broken image: ${img.src}`);
+  if (seen.mathCount > 0 && !seen.hasMathJax) report("has math but MathJax did not load");
+  for (const tex of seen.untypeset) report(`math not typeset: ${tex}`);
+  for (const tex of seen.mathErrors) report(`math error: ${tex}`);
+  if (seen.rawMath.length) report(`math left as source (${seen.rawMath.length}×): ${seen.rawMath[0]}`);
+  const wide = await tab.evaluate(tooWide, device.viewport.width);
+  if (wide) report(`the page is ${wide.scrollWidth} px wide at ${device.viewport.width} px: ` +
+                   wide.culprits.join("; "));
+  seen.figureText = await figureText(seen, page, report, device);
+}
+
+async function inspectInBrowser(tab, base, page, problems, device) {
+  const report = (what) => problems.push(`${page} [${device.name}]: ${what}`);
+  const bytes = await open(tab, base, page, report);
+  const opened = bytes();
+  if (device === PHONE) await checkSidebarPhone(tab, report);
+  if (device === LAPTOP) await checkSidebarLaptop(tab, report);
+  await readThrough(tab);
+  const seen = await tab.evaluate(inspectPage);
+  seen.weight = { opened, read: bytes() };
+  await checkSeen(tab, seen, page, report, device);
+  const name = page.replace(/\.html$/, "").split(sep).join("__") + ".png";
+  if (device === LAPTOP) {
+    for (const img of seen.images)
+      if (img.shrink > MAX_SHRINK) report(`figure shown ${img.shrink.toFixed(2)}x smaller than drawn: ${img.src}`);
+    for (const line of seen.scrolling) report(`block scrolls sideways at 1280 px: ${line.slice(0, 80)}`);
+    await checkContrast(tab, report);
+    seen.explorers = await checkExplorers(tab, report);
+    await tab.screenshot({ path: join(SCREENS, name) });   // book/intro.html -> book__intro.png
+  }
+  if (device === PHONE) {
+    if (opened > MAX_PAGE_BYTES)
+      report(`loads ${(opened / 1e6).toFixed(2)} MB when opened (at most ${MAX_PAGE_BYTES / 1e6} MB)`);
+    seen.zoom = await checkZoom(tab, report);
+    await tab.evaluate(() => scrollTo(0, 0));
+    await tab.screenshot({ path: join(SCREENS, `phone-${name}`) });
+  }
+  if (device === LAPTOP_2X) {
+    for (const img of seen.images.filter((i) => i.figure && i.shown > 0 && !i.src.endsWith(".svg")))
+      if (img.sharpness < 1) report(`figure is a raster of ${img.sharpness.toFixed(2)} pixels per device pixel at 2x: ${img.src}`);
+  }
+  return seen;
+}
+
+// ---------------------------------------------------------------- the reader's gestures
+
+// Resolves true once `fn(arg)` is true in the page, false after `ms`.
+function until(tab, fn, arg, ms = 3000) {
+  return tab.waitForFunction(fn, arg, { timeout: ms }).then(() => true, () => false);
+}
+
+// Runs in the page: is the left sidebar (the table of contents) on screen, as `want`s?
+function tocShown(want = true) {
+  const bar = document.getElementById("pst-primary-sidebar");
+  if (!bar) return !want;
+  const style = getComputedStyle(bar), box = bar.getBoundingClientRect();
+  const shown = style.visibility !== "hidden" && style.display !== "none" && +style.opacity > 0
+    && box.right > 0 && box.width > 0;
+  return shown === want;
+}
+
+// Runs in the page: is the dialog `id` open with a link the reader can tap on screen?
+function dialogWithLinks(id) {
+  const dialog = document.getElementById(id);
+  return Boolean(dialog?.open) && Array.from(dialog.querySelectorAll("a")).some((a) => {
+    const box = a.getBoundingClientRect();
+    return box.width > 0 && box.left >= 0 && box.right <= innerWidth && box.top < innerHeight;
+  });
+}
+
+// The laptop: ☰ folds the table of contents away, and a second click brings it back.
+async function checkSidebarLaptop(tab, report) {
+  const toggle = tab.locator(".primary-toggle:visible").first();
+  if (!(await toggle.count()) || !(await tab.evaluate(tocShown))) return;
+  await toggle.click();
+  if (!(await until(tab, tocShown, false)))
+    report("☰ does not fold the table of contents away at 1280 px");
+  await toggle.click();
+  if (!(await until(tab, tocShown, true))) report("☰ does not bring the table of contents back");
+}
+
+// The phone: ☰ opens the table of contents, "contents" the page's own, each as a dialog
+// with links on screen that Escape closes.
+async function checkSidebarPhone(tab, report) {
+  const sidebars = [["primary", "pst-primary-sidebar-modal", "the table of contents"],
+                    ["secondary", "pst-secondary-sidebar-modal", "the page's contents"]];
+  for (const [kind, dialog, what] of sidebars) {
+    const toggle = tab.locator(`.${kind}-toggle:visible`).first();
+    const hasLinks = await tab.evaluate((k) =>
+      Boolean(document.querySelector(`#pst-${k}-sidebar a`)), kind);
+    if (!hasLinks) continue;
+    if (!(await toggle.count())) { report(`no button opens ${what} at 390 px`); continue; }
+    await toggle.click();
+    if (!(await until(tab, dialogWithLinks, dialog))) {
+      report(`the ${kind} sidebar button does not open ${what} at 390 px`);
+      continue;
+    }
+    await tab.keyboard.press("Escape");
+    if (!(await until(tab, (id) => !document.getElementById(id).open, dialog)))
+      report(`Escape does not close ${what}`);
+  }
+}
+
+// The phone: a tap on the first figure opens it larger than the page shows it.
+async function checkZoom(tab, report) {
+  const picture = tab.locator("figure.mpfig a.image-reference img:visible").first();
+  if (!(await picture.count())) return null;
+  await picture.scrollIntoViewIfNeeded();
+  const onPage = (await picture.boundingBox()).width;
+  await picture.click();
+  const opened = await until(tab, () => {
+    const img = document.querySelector("dialog.minipar-zoom[open] img");
+    return img?.complete && img.naturalWidth > 0;
+  });
+  if (!opened) { report("a tap on a figure does not open it full size"); return null; }
+  const full = await tab.evaluate(() =>
+    document.querySelector("dialog.minipar-zoom img").getBoundingClientRect().width);
+  if (!(full > onPage)) report(`a figure's full-size view (${full} px) is not larger than on the page (${onPage} px)`);
+  await tab.keyboard.press("Escape");
+  if (!(await until(tab, () => !document.querySelector("dialog.minipar-zoom[open]"))))
+    report("Escape does not close a figure's full-size view");
+  return { onPage, full };
+}
+
+// Scrolls through the page as a reader would, so that lazy pictures and the explorers'
+// scripts load; then asks for every picture left and waits for the network to settle.
+async function readThrough(tab) {
+  await tab.evaluate(async () => {
+    for (let y = 0; y < document.documentElement.scrollHeight; y += innerHeight / 2) {
+      scrollTo(0, y);
+      await new Promise((ok) => setTimeout(ok, 20));
+    }
+    scrollTo(0, 0);
+  });
+  await tab.waitForLoadState("networkidle", { timeout: SETTLE_MS }).catch(() => {});
   await tab.evaluate((ms) => Promise.race([
     Promise.all(Array.from(document.images).map((img) => {
       img.loading = "eager";
@@ -169,24 +439,21 @@ async function inspectInBrowser(tab, base, page, problems) {
     })),
     new Promise((ok) => setTimeout(ok, ms)),
   ]), PAGE_TIMEOUT_MS);
+}
 
-  const seen = await tab.evaluate(inspectPage);
-  for (const img of seen.images) if (!img.loaded) report(`broken image: ${img.src}`);
-  for (const img of seen.images) {
-    if (img.shrink > MAX_SHRINK) report(`figure shown ${img.shrink.toFixed(2)}x smaller than drawn: ${img.src}`);
+// The laptop, light and dark: every caption and explorer note at 4.5:1 or more.
+async function checkContrast(tab, report) {
+  for (const mode of ["light", "dark"]) {
+    await tab.evaluate((m) => {
+      document.documentElement.dataset.theme = m;
+      document.documentElement.dataset.mode = m;
+    }, mode);
+    for (const c of await tab.evaluate(captionContrasts))
+      if (c.ratio < MIN_CONTRAST)
+        report(`${mode} theme: contrast ${c.ratio.toFixed(2)}:1 (under ${MIN_CONTRAST}) for ${c.what}`);
   }
-  for (const line of seen.scrolling) report(`block scrolls sideways at 1280 px: ${line.slice(0, 80)}`);
-  if (seen.mathCount > 0 && !seen.hasMathJax) report("has math but MathJax did not load");
-  for (const tex of seen.untypeset) report(`math not typeset: ${tex}`);
-  for (const tex of seen.mathErrors) report(`math error: ${tex}`);
-  if (seen.rawMath.length) report(`math left as source (${seen.rawMath.length}×): ${seen.rawMath[0]}`);
-
-  seen.explorers = await checkExplorers(tab, report);
-
-  // book/intro.html -> book__intro.png: one flat folder of first screens.
-  const name = page.replace(/\.html$/, "").split(sep).join("__") + ".png";
-  await tab.screenshot({ path: join(SCREENS, name) });
-  return seen;
+  await tab.evaluate(() => { document.documentElement.dataset.theme = "light";
+                             document.documentElement.dataset.mode = "light"; });
 }
 
 // ---------------------------------------------------------------- the explorers
@@ -218,13 +485,17 @@ function moveFirstControl(chapter) {
   return input.name;
 }
 
-// Every explorer on the page must draw, and draw something else when its first control
-// moves. Returns, per chapter, the first draw's time and what was drawn before and after.
+// Every explorer on the page must draw once the reader has come near it (its scripts load
+// then: book/_static/minipar-explorer-loader.js), and draw something else when its first
+// control moves. Returns, per chapter, the first draw's time after the scripts were asked
+// for, and what was drawn before and after.
 async function checkExplorers(tab, report) {
   const chapters = await tab.evaluate(() => Array.from(
     document.querySelectorAll(".minipar-explorer[data-chapter]"), (el) => el.dataset.chapter));
   const found = [];
   for (const chapter of chapters) {
+    const box = tab.locator(`.minipar-explorer[data-chapter="${chapter}"]`);
+    await box.evaluate((el) => el.scrollIntoView());
     const drawn = (n) => tab.waitForFunction(
       ([c, k]) => (window.miniparExplorers?.[c]?.minipar?.draws ?? 0) >= k, [chapter, n],
       { timeout: PAGE_TIMEOUT_MS });
@@ -234,10 +505,10 @@ async function checkExplorers(tab, report) {
       report(`explorer ${chapter} did not draw`);
       continue;
     }
-    // performance.now() counts from the navigation's start; so does the DOMContentLoaded mark
-    const [firstDrawMs, loadedMs] = await tab.evaluate((c) => [
-      window.miniparExplorers[c].minipar.firstDrawMs,
-      performance.getEntriesByType("navigation")[0].domContentLoadedEventStart], chapter);
+    // performance.now() counts from the navigation's start; so does the time the loader
+    // asked for the scripts
+    const [firstDrawMs, askedMs] = await tab.evaluate((c) => [
+      window.miniparExplorers[c].minipar.firstDrawMs, window.miniparExplorersAskedMs ?? 0], chapter);
     const before = await tab.evaluate(readExplorer, chapter);
     const moved = await tab.evaluate(moveFirstControl, chapter);
     try {
@@ -247,11 +518,10 @@ async function checkExplorers(tab, report) {
       continue;
     }
     const after = await tab.evaluate(readExplorer, chapter);
-    await tab.locator(`.minipar-explorer[data-chapter="${chapter}"]`)
-      .screenshot({ path: join(SCREENS, `explorer-${chapter}.png`) });
+    await box.screenshot({ path: join(SCREENS, `explorer-${chapter}.png`) });
     if (JSON.stringify(after.traces) === JSON.stringify(before.traces) || after.svg === before.svg)
       report(`explorer ${chapter}: moving ${moved} did not change the picture`);
-    found.push({ chapter, firstDrawMs, afterLoadedMs: firstDrawMs - loadedMs, moved,
+    found.push({ chapter, firstDrawMs, afterAskedMs: firstDrawMs - askedMs, moved,
                  drawn: [before, after] });
   }
   return found;
@@ -274,10 +544,91 @@ async function checkLinks(base, seenByPage, problems) {
   }
 }
 
+// ---------------------------------------------------------------- search, from file://
+
+// Runs in the search page: the results once Sphinx's search has finished and each result's
+// snippet has had time to come: [{page, snippet}], best first.
+async function searchResults() {
+  const done = () => document.querySelector("#search-results h2")?.textContent === "Search Results";
+  for (let i = 0; i < 200 && !done(); i++) await new Promise((ok) => setTimeout(ok, 50));
+  await new Promise((ok) => setTimeout(ok, 300));
+  return Array.from(document.querySelectorAll("#search-results ul.search > li"), (li) => ({
+    page: li.querySelector("a")?.getAttribute("href") ?? "",
+    snippet: li.querySelector("p.context")?.textContent.trim() ?? "",
+  }));
+}
+
+// Opens search.html from file:// (nothing may leave the machine there either) for each query:
+// every result has a snippet, and the glossary is first for fewer than half of the queries.
+async function checkSearch(browser, problems) {
+  const context = await browser.newContext({ viewport: LAPTOP.viewport });
+  await context.route(/^(https?|wss?):/, (route) => route.abort());
+  const firsts = [];
+  try {
+    for (const query of QUERIES) {
+      const tab = await context.newPage();
+      const report = (what) => problems.push(`search.html (file://) "${query}": ${what}`);
+      tab.on("console", (msg) => { if (msg.type() === "error") report(`console error: ${msg.text()}`); });
+      tab.on("pageerror", (err) => report(`uncaught exception: ${err.message}`));
+      const url = new URL(`file://${join(ROOT, "search.html")}`);
+      url.searchParams.set("q", query);
+      await tab.goto(url.href, { waitUntil: "load", timeout: PAGE_TIMEOUT_MS });
+      const results = await tab.evaluate(searchResults);
+      if (!results.length) report("no results");
+      const bare = results.filter((r) => !r.snippet);
+      if (bare.length) report(`${bare.length} of ${results.length} results without a snippet (first: ${bare[0].page})`);
+      firsts.push({ query, first: results[0]?.page ?? "", count: results.length });
+      await tab.close();
+    }
+  } finally {
+    await context.close();
+  }
+  const glossaryFirst = firsts.filter((f) => f.first.includes("glossary"));
+  if (glossaryFirst.length * 2 >= QUERIES.length)
+    problems.push(`search: the glossary comes first for ${glossaryFirst.length} of ${QUERIES.length} queries`);
+  return firsts;
+}
+
 // ---------------------------------------------------------------- main
 
+// Reads every page on one screen; returns {page: what was seen}.
+async function readAll(browser, base, pages, device, problems) {
+  const context = await browser.newContext(device);
+  // Offline means offline: a request to anywhere but this server is refused (and reported
+  // by the page's requestfailed handler), so the check passes only for a book that needs no
+  // network, even on a machine that has one. (Routing also turns the cache off, so each
+  // page's weight counts everything it loads.)
+  await context.route("**/*", (route) =>
+    new URL(route.request().url()).host === base.host ? route.continue() : route.abort());
+  const seenByPage = new Map();
+  for (const page of pages) {
+    try {
+      seenByPage.set(page, await checkPage(context, base, page, problems, device));
+    } catch (err) {
+      problems.push(`${page} [${device.name}]: could not be checked: ${err.message.split("\n")[0]}`);
+    }
+  }
+  await context.close();
+  return seenByPage;
+}
+
+const MB = (bytes) => (bytes / 1e6).toFixed(2);
+
+// What the reader of the phone gets: each page's weight, and the smallest figure text.
+function printPhone(seenByPage) {
+  console.log("page weight at 390x844 (MB): opened / read through, explorers included");
+  for (const [page, seen] of seenByPage)
+    if (seen.weight) console.log(`  ${page.padEnd(36)} ${MB(seen.weight.opened)} / ${MB(seen.weight.read)}`);
+  const texts = [...seenByPage.values()].flatMap((seen) => seen.figureText ?? []);
+  const smallest = texts.reduce((a, b) => (b.px < a.px ? b : a), texts[0]);
+  if (smallest)
+    console.log(`smallest figure text at 390 px: ${smallest.px.toFixed(1)} px ` +
+                `(${texts.length} figures; ${smallest.page}, ${smallest.src.split("/").pop()})`);
+}
+
 async function main() {
-  const pages = await listPages();
+  const only = process.env.CHECK_PAGES?.split(",");
+  const pages = (await listPages()).filter((p) => !only || only.includes(p));
   if (pages.length === 0) throw new Error(`no pages under ${ROOT}: run make book first`);
   await mkdir(SCREENS, { recursive: true });
   const server = await startServer();
@@ -290,38 +641,30 @@ async function main() {
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync"],
   });
-  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const problems = [];
-  // Offline means offline: a request to anywhere but this server is refused (and reported
-  // by the page's requestfailed handler), so the check passes only for a book that needs no
-  // network, even on a machine that has one.
-  await context.route("**/*", (route) =>
-    new URL(route.request().url()).host === base.host ? route.continue() : route.abort());
-
-  const seenByPage = new Map();
-  for (const page of pages) {
-    try {
-      seenByPage.set(page, await checkPage(context, base, page, problems));
-    } catch (err) {
-      problems.push(`${page}: could not be checked: ${err.message.split("\n")[0]}`);
-    }
-  }
+  const seenByPage = await readAll(browser, base, pages, LAPTOP, problems);
   await checkLinks(base, seenByPage, problems);
+  const onPhone = await readAll(browser, base, pages, PHONE, problems);
+  await readAll(browser, base, pages, LAPTOP_2X, problems);
+  const searches = await checkSearch(browser, problems);
   await browser.close();
   server.close();
 
   const explorers = [...seenByPage.entries()].flatMap(([page, seen]) =>
     (seen.explorers ?? []).map((e) => ({ page, ...e })));
   for (const e of explorers)
-    console.log(`explorer ${e.chapter}: first draw ${e.afterLoadedMs.toFixed(0)} ms after ` +
-                `DOMContentLoaded (${e.firstDrawMs.toFixed(0)} ms after the navigation began)`);
+    console.log(`explorer ${e.chapter}: first draw ${e.afterAskedMs.toFixed(0)} ms after its ` +
+                `scripts were asked for (${e.firstDrawMs.toFixed(0)} ms after the navigation began)`);
   await writeFile(join(SCREENS, "explorers-drawn.json"), JSON.stringify(explorers));
   console.log(`explorers: ${explorers.length} drew and redrew`);
+  printPhone(onPhone);
+  console.log("search from file://, first result: " +
+              searches.map((s) => `"${s.query}" ${s.first} (${s.count})`).join("; "));
 
   const failed = new Set(problems.map((p) => p.split(": ")[0]));
   for (const problem of problems) console.log(`FAIL ${problem}`);
   console.log(`screenshots: ${relative(process.cwd(), SCREENS)}/`);
-  console.log(`html: ${pages.length - failed.size} passed, ${failed.size} failed`);
+  console.log(`html: ${pages.length} pages on 3 screens; ${failed.size} page-screens failed`);
   process.exitCode = problems.length ? 1 : 0;
 }
 

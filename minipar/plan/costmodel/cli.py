@@ -20,7 +20,7 @@ from .band import band_note, mfu_band
 from .catalog import all_constants
 from .constants import LLAMA3_EFFICIENCY
 from .untrusted import exit_1_on_damaged_data
-from .defaults import default_degrees, default_schedule
+from .defaults import apply_preset_layout, default_degrees, default_schedule
 from .frameworks import FRAMEWORKS, PRESET_FRAMEWORK, apply
 from .gpus import GPU_NAMES, gpu_cluster
 from .hardware import FABRICS, LLAMA3_CLUSTER, Cluster
@@ -32,6 +32,11 @@ from ..flags import Chosen, Parser, add_flags
 from ..memory import PRECISIONS
 from ..pipes import quiet_on_closed_pipe
 
+
+# A mixture of experts' fields, overridable like the others (`ModelConfig`)
+MOE_FLAGS = (("--moe-experts", "moe_experts"), ("--moe-top-k", "moe_top_k"),
+             ("--moe-shared-experts", "moe_shared_experts"), ("--moe-ffn-dim", "moe_ffn_dim"),
+             ("--moe-first-layer", "moe_first_layer"), ("--moe-max-nodes", "moe_max_nodes"))
 
 # The layout flags are the trainer's (`ParallelConfig`, `TrainConfig`), with the cost model's
 # defaults. Every knob whose best value depends on the others is `Chosen`: None on the command
@@ -112,6 +117,8 @@ def _add_model_and_hardware_flags(p) -> None:
         g.add_argument(flag, dest=dest, type=int)
     g.add_argument("--mlp", choices=MLPS, help="the MLP: swiglu (Llama's: gate, up, down), gelu "
                    "(GPT-3's) or relu2 (squared ReLU, Nemotron-4's): up, down (default: the preset's)")
+    for flag, dest in MOE_FLAGS:
+        g.add_argument(flag, dest=dest, type=int, help=f"the model's {dest} (default: the preset's)")
     g.add_argument("--tied-embeddings", dest="tie_embeddings", action=argparse.BooleanOptionalAction,
                    help="the LM head shares the embedding's table (one table of vocab x dim, not "
                         "two); --no-tied-embeddings unties a preset's (default: the preset's)")
@@ -131,8 +138,9 @@ def _add_model_and_hardware_flags(p) -> None:
 
 def _add_layout_flags(g) -> None:
     g.add_argument("--gpus", type=int, help="total GPUs; must equal tp*cp*pp*dp (default: that product)")
-    add_flags(g, ParallelConfig, ("tp", "cp", "pp", "dp"), LAYOUT_DEFAULTS)
+    add_flags(g, ParallelConfig, ("tp", "cp", "pp", "dp", "ep"), LAYOUT_DEFAULTS)
     add_flags(g, TrainConfig, ("seq_len",), LAYOUT_DEFAULTS)
+    _add_imbalance(g)
     b = g.add_mutually_exclusive_group()
     b.add_argument("--global-batch-tokens", type=_tokens,
                    help="tokens per step, e.g. 16M or 16777216 (default 16M = 2048 x 8192)")
@@ -158,7 +166,8 @@ def _add_layout_flags(g) -> None:
 def _model_and_cluster(args) -> tuple[ModelConfig, Cluster]:
     model = ModelConfig.preset(args.preset, flag="--preset")
     overrides = {k: getattr(args, k) for k in ("n_layers", "dim", "ffn_dim", "n_heads",
-                                               "n_kv_heads", "vocab_size", "mlp", "tie_embeddings")
+                                               "n_kv_heads", "vocab_size", "mlp", "tie_embeddings",
+                                               *(dest for _, dest in MOE_FLAGS))
                  if getattr(args, k) is not None}
     if overrides:
         model = replace(model, name="custom", **overrides)
@@ -210,12 +219,12 @@ def config_from_args(args) -> tuple[ModelConfig, Cluster, ParallelConfig, Worklo
             raise ConfigError(f"{flag} needs sequence parallelism: " + (
                 "drop --no-sp" if args.sp is False else f"it is off because --tp {d['tp']} is 1"))
     comm_overlap = tp_comm_overlap(args)
-    parallel = ParallelConfig(tp=d["tp"], cp=d["cp"], pp=d["pp"], dp=d["dp"], zero=args.zero,
+    parallel = ParallelConfig(tp=d["tp"], cp=d["cp"], pp=d["pp"], dp=d["dp"], ep=args.ep, zero=args.zero,
                               bucket_mb=args.bucket_mb, sp=sp,
                               tp_overlap=bool(args.tp_overlap or comm_overlap),
                               schedule=schedule, virtual_stages=v, cp_impl=args.cp_impl)
-    args.notes = notes + more
-    return model, cluster, parallel, work
+    args.notes = getattr(args, "preset_notes", []) + notes + more
+    return model, cluster, parallel, replace(work, moe_imbalance=args.moe_imbalance)
 
 
 def virtual_stages_of(per_chunk: int | None, n_layers: int, pp: int, pp_chosen: bool = False,
@@ -282,7 +291,26 @@ def format_estimate(e: Estimate, model: ModelConfig, cluster: Cluster,
         "bytes per GPU    " + ", ".join(f"{k} {human_bytes(v)}" for k, v in e.comm_bytes_per_gpu.items())
         + "   (sent per step, ring algorithm, pipeline rank 0)",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + expert_lines(e, cluster))
+
+
+def expert_lines(e: Estimate, cluster: Cluster) -> list[str]:
+    """A mixture of experts' own lines: active FLOPs, and the all-to-alls of the pace rank."""
+    if not e.ep:
+        return []
+    x = e.ep
+    return [f"experts          EP{x['ep']} on {x['span_gpus']} GPUs, imbalance {x['imbalance']:g} "
+            f"(busiest rank {x['busiest_rank_load']:.2f}x the mean): {x['all_to_alls']:.0f} all-to-alls, "
+            f"{human_bytes(x['all_to_all_bytes'])} ({human_bytes(x['nic_bytes'])} on the NIC), "
+            f"{x['all_to_all_s']:.3g} s of which {x['exposed_s']:.3g} s exposed (pace rank, per step)",
+            f"MFU counts       the active weights a token meets (6 N_active + 12 L h s), "
+            f"against the dense bf16 peak ({cluster.peak_tflops:g} TFLOP/s), never an FP8 one"]
+
+
+def _add_imbalance(g) -> None:
+    g.add_argument("--moe-imbalance", type=float, default=1.0,
+                   help="a mixture of experts' busiest expert load over the mean (1: balanced; "
+                        "at most E / top_k): it slows the expert GEMMs and the all-to-alls")
 
 
 def build_plan_parser() -> argparse.ArgumentParser:
@@ -446,6 +474,7 @@ def main(argv=None) -> int:
         return constants_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.preset_notes = apply_preset_layout(args, argv)
     try:
         model, cluster, parallel, work = config_from_args(args)
         name = args.framework or PRESET_FRAMEWORK.get(args.preset)
@@ -460,7 +489,8 @@ def main(argv=None) -> int:
                  if any(a == flag or a.startswith(flag + "=") for a in argv)}
         e = estimate(model, pc.replace(**given), cluster, work.seq_len, global_batch=work.global_batch,
                      microbatch_size=work.microbatch_size, recompute=work.recompute,
-                     recompute_layers=work.recompute_layers, precision=precision, efficiency=eff)
+                     recompute_layers=work.recompute_layers, precision=precision, efficiency=eff,
+                     moe_imbalance=work.moe_imbalance)
         refuse_non_finite(e.as_dict(), parser, args, argv)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -189,6 +189,11 @@ class Efficiency:
     p2p_overlap:   the pipeline's sends run beside the compute (Megatron's
                    overlap_p2p_comm); False: batched and waited for (batch_p2p_comm, whose
                    batch_p2p_sync synchronises the device), each on the critical path
+    ep_overlap:    expert parallelism's all-to-alls run beside another micro-batch's
+                   compute (DeepSeek's DualPipe); False: each is waited for
+    ep_comm_sms:   SMs the all-to-all kernels hold while they run beside compute
+    dispatch_bytes: bytes per element the EP dispatch sends (None: the activations'; 1:
+                   DeepSeek-V3 quantizes to FP8 before dispatch)
     Nothing else: a free factor for what the model does not count would hide what the
     physics misses.
     """
@@ -200,6 +205,9 @@ class Efficiency:
     cross_entropy: str = "fused"
     p2p_overlap: bool = True
     tp_comm_sms: tuple = ()
+    ep_overlap: bool = False
+    ep_comm_sms: int = 0
+    dispatch_bytes: int | None = None
 
     @property
     def links(self) -> tuple[float, float]:

@@ -65,3 +65,37 @@ def default_schedule(pp: int, microbatches: int, n_layers: int, schedule: str | 
             notes.append(f"chose --virtual-stages {virtual_stages} (up to {DEFAULT_MAX_CHUNKS} "
                          f"chunks per rank, pp x v <= layers + 2)")
     return schedule, virtual_stages, notes
+
+
+# A preset's published run: what `python -m minipar.costmodel --preset P` predicts with no
+# other flags. DeepSeek-V3 (technical report, arXiv 2412.19437; each fact checked there):
+# "2048 NVIDIA H800 GPUs" (3.1); "16-way Pipeline Parallelism (PP), 64-way Expert Parallelism
+# (EP) spanning 8 nodes, and ZeRO-1 Data Parallelism (DP)" and no "costly Tensor Parallelism"
+# (3.2): dp = 2,048 / 16 = 128, EP64 carved from it; "sequence length to 4K" and the batch
+# "gradually increased from 3072 to 15360 ... then keeps 15360" (4.2). Its DualPipe is not a
+# schedule the trainer runs (`dualpipe.py` simulates it): ZB-H1, its closest, prices the bubble.
+PRESET_LAYOUTS = {
+    "deepseek-v3": {"gpu": "h800", "tp": 1, "cp": 1, "pp": 16, "dp": 128, "ep": 64, "zero": 1,
+                    "seq_len": 4096, "global_batch": 15360, "schedule": "zb"},
+}
+
+
+def apply_preset_layout(args, argv: list[str]) -> list[str]:
+    """Fill each field of the preset's published layout (`PRESET_LAYOUTS`) that no flag of
+    `argv` set, and say so; a flag given wins."""
+    layout = PRESET_LAYOUTS.get(args.preset)
+    if layout is None:
+        return []
+    def given(dest: str) -> bool:
+        flag = "--" + dest.replace("_", "-")
+        return any(a == flag or a.startswith(flag + "=") for a in argv)
+    if given("global_batch_tokens") or given("gpus"):
+        layout = {k: v for k, v in layout.items() if k not in ("global_batch", "dp")}
+    chosen = {k: v for k, v in layout.items() if not given(k)}
+    for k, v in chosen.items():
+        setattr(args, k, v)
+    if not chosen:
+        return []
+    return [f"chose {', '.join(f'{k} {v}' for k, v in chosen.items())} ({args.preset}'s published "
+            "run: DeepSeek-V3 technical report, arXiv 2412.19437, sections 3.1, 3.2 and 4.2; "
+            "DualPipe priced as zb)"]

@@ -196,11 +196,12 @@ def pipeline_drain_seconds(pp: int, v: int, t_mb: float) -> float:
     return (v - 1) / v * (pp - 1) * t_mb / (2 * v)
 
 
-def dp_collective_seconds(s: Scenario, params: float) -> tuple[float, float]:
+def dp_collective_seconds(s: Scenario, params: float, n: int | None = None) -> tuple[float, float]:
     """(reduce-scatter of the gradients, all-gather of the weights) of `params` parameters
-    over the dp x cp group, in buckets of --bucket-mb (each bucket one collective)."""
+    over the dp x cp group (or `n` of its ranks: a mixture of experts' routed experts are
+    replicated over dp x cp / ep), in buckets of --bucket-mb (each bucket one collective)."""
     pc = s.parallel
-    n = pc.dp * pc.cp
+    n = pc.dp * pc.cp if n is None else n
     grad_bytes = params * s.precision.reduce_bytes
     buckets = max(1.0, grad_bytes / (pc.bucket_mb * 1e6)) if pc.bucket_mb > 0 else 1.0
     if pc.zero == 0:     # one all-reduce (a tree across servers), counted as 2 x t_rs

@@ -34,6 +34,7 @@ class Framework:
     tp_overlap:   TP's all-gather / reduce-scatter pipelined with the matmuls (its default;
                   --tp-comm-overlap on/off overrides it)
     cp_impl:      how its context parallelism exchanges K/V (None: the layout's own)
+    optimizer_bytes: bytes of optimizer state per parameter (None: the precision's own)
     sources:      {behaviour: where its framework says so}
     """
 
@@ -47,6 +48,7 @@ class Framework:
     sources: dict = field(default_factory=dict)
     zero_with_pp: int | None = None
     cp_impl: str | None = None
+    optimizer_bytes: int | None = None
 
 
 LLAMA3 = Framework(
@@ -145,8 +147,38 @@ TORCHTITAN = Framework(
                    "llama3_405b.toml and in every 2D/3D run of its benchmarks)",
     })
 
-FRAMEWORKS = {f.name: f for f in (LLAMA3, MEGATRON, NEMO, NANOTRON, DEEPSPEED, TORCHTITAN)}
-PRESET_FRAMEWORK = {"llama3-405b": "llama3", "llama3-70b": "llama3", "llama3-8b": "llama3"}
+# DeepSeek-V3's own stack, HAI-LLM (DeepSeek-V3 technical report, arXiv 2412.19437): PP16
+# under DualPipe, EP64, ZeRO-1, no TP. Its GEMMs run in FP8 (section 3.3.1: "theoretically
+# doubles the computational speed"); the cost model has no FP8 kernel measured, so it times
+# them as the measured bf16 ones (a slower step than FP8's) and states MFU against the dense
+# bf16 peak (989.4 TFLOP/s on an H800), never the FP8 one (1,979).
+DEEPSEEK = Framework(
+    "deepseek", Efficiency(network=160 / 200, attention="cudnn", elementwise="fused",
+                           cross_entropy="fused", ep_overlap=True, ep_comm_sms=20, dispatch_bytes=1),
+    reduce_bytes=4, grad_bytes=4, optimizer_bytes=8, bucket="layer", zero=1, tp_overlap=False,
+    sources={
+        "network": "report 3.2.2: 'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB "
+                   "(50 GB/s)': 160 measured of the H800's 200 per direction; 50 GB/s is the 400 Gb/s "
+                   "NIC's data-sheet rate, so the NIC keeps nccl-tests' share",
+        "ep_overlap": "report 3.2.1: DualPipe overlaps each chunk's all-to-all dispatch and combine with "
+                      "another chunk's compute: 'both all-to-all and PP communication can be fully hidden'",
+        "ep_comm_sms": "report 3.2.2 and 3.5.1: 'only 20 SMs are sufficient to fully utilize the bandwidths "
+                       "of IB and NVLink'; '20 out of the 132 SMs available in the H800 GPU'",
+        "dispatch_bytes": "report 3.3.3: activations quantized to FP8 before the dispatch; the combine "
+                          "stays in BF16",
+        "optimizer_bytes": "report 3.3.3: AdamW's moments in BF16, the master weights in FP32: 4 + 2 + 2",
+        "grad_bytes": "report 3.3.3: gradients 'retained in FP32'",
+        "zero": "report 3.2: 'ZeRO-1 Data Parallelism'",
+        "tp_overlap": "report 3.2: no tensor parallelism ('without using costly Tensor Parallelism')",
+        "kernels": "assumption: GEMMs at the measured bf16 speed (no FP8 kernel on file; the report's FP8 "
+                   "would be faster); cuDNN-class attention, fused pointwise kernels",
+        "bucket": "assumption: the report names no DP bucket; one block's gradients per collective",
+        "reduce_bytes": "assumption: the report says gradients are kept in FP32, not how they are reduced",
+    })
+
+FRAMEWORKS = {f.name: f for f in (LLAMA3, MEGATRON, NEMO, NANOTRON, DEEPSPEED, TORCHTITAN, DEEPSEEK)}
+PRESET_FRAMEWORK = {"llama3-405b": "llama3", "llama3-70b": "llama3", "llama3-8b": "llama3",
+                    "deepseek-v3": "deepseek"}
 
 
 def framework(name: str) -> Framework:
@@ -190,4 +222,6 @@ def apply(fw: Framework, model: ModelConfig, pc: ParallelConfig,
     if zero is not None:
         pc = pc.replace(zero=zero)
     grads = precision.grad_bytes if fw.grad_bytes is None else fw.grad_bytes
-    return pc, replace(precision, reduce_bytes=fw.reduce_bytes, grad_bytes=grads), fw.kernels
+    state = precision.optimizer_bytes if fw.optimizer_bytes is None else fw.optimizer_bytes
+    return pc, replace(precision, reduce_bytes=fw.reduce_bytes, grad_bytes=grads,
+                       optimizer_bytes=state), fw.kernels

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 from .. import memory
 from ..config import ModelConfig, ParallelConfig
+from .experts import busiest_rank_load
 from .workload import Workload
-from ..flops import local_param_count
+from ..flops import local_expert_param_count, local_param_count, moe_layer_count
 from ..memory import BF16_MIXED, Precision
 
 
 def param_total_local(model: ModelConfig, tp: int) -> float:
-    """Parameters of the whole model as one TP rank holds them (all stages together)."""
-    return local_param_count(model, tp, model.n_layers, True, True)
+    """Parameters of the whole model as one TP rank holds them (all stages together), a
+    mixture of experts' routed experts left out (they are `expert_total_local`'s)."""
+    moe = moe_layer_count(model, range(model.n_layers))
+    return local_param_count(model, tp, model.n_layers, True, True, moe)
+
+
+def expert_total_local(model: ModelConfig, tp: int, ep: int) -> float:
+    """Routed-expert parameters one EP rank holds, all stages together."""
+    return local_expert_param_count(model, tp, ep, moe_layer_count(model, range(model.n_layers)))
 
 
 def run_layout(pc: ParallelConfig, work: Workload) -> ParallelConfig:
@@ -34,14 +42,21 @@ def memory_of_rank(model: ModelConfig, pc: ParallelConfig, work: Workload,
                    precision: Precision, stage: int) -> dict[str, float]:
     """Bytes pipeline rank `stage` holds (`memory.memory_of_rank`)."""
     return memory.memory_of_rank(model, run_layout(pc, work), precision, work.seq_len,
-                                 work.microbatch_size, stage, layers_recomputed(pc, work))
+                                 work.microbatch_size, stage, layers_recomputed(pc, work),
+                                 expert_load(model, pc, work))
 
 
 def fullest_stage(model: ModelConfig, pc: ParallelConfig, work: Workload,
                   precision: Precision = BF16_MIXED) -> int:
-    """The pipeline rank whose total is largest (`memory.fullest_stage`)."""
-    return memory.fullest_stage(model, run_layout(pc, work), precision, work.seq_len,
-                                work.microbatch_size, layers_recomputed(pc, work))
+    """The pipeline rank whose total is largest (the first, on a tie): every rank holds its
+    own layers, chunks and micro-batches in flight."""
+    totals = [memory_of_rank(model, pc, work, precision, r)["total"] for r in range(pc.pp)]
+    return totals.index(max(totals))
+
+
+def expert_load(model: ModelConfig, pc: ParallelConfig, work: Workload) -> float:
+    """The busiest EP rank's routed tokens over the mean (`experts.busiest_rank_load`)."""
+    return busiest_rank_load(model.moe_experts, pc.ep, work.moe_imbalance)
 
 
 def memory_per_gpu(model: ModelConfig, pc: ParallelConfig, work: Workload,

@@ -53,6 +53,8 @@ REMEDIES = {
     "pp": "fewer pipeline sends across servers",
     "dp": "more tokens per DP rank (less DP, more PP/TP) or ZeRO-1 instead of ZeRO-3",
     "optimizer": "ZeRO to shard the update",
+    "ep": "EP inside a server (NVLink), node-limited routing, or a stack that overlaps the "
+          "all-to-alls with compute (DualPipe)",
 }
 
 
@@ -126,7 +128,8 @@ def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,
             pc, prec, eff = frameworks.apply(fw, model, pc, precision, tp_overlap)
             own = fw.zero_with_pp if pc.pp > 1 and fw.zero_with_pp is not None else fw.zero
             zeros = ZERO_ORDER if own is None else (own,)
-        if layout_problems(model, pc, Workload(seq_len, batch, mbs)):
+        zeros = tuple(z for z in zeros if pc.ep == 1 or z < 3)     # the trainer's rule
+        if not zeros or layout_problems(model, pc, Workload(seq_len, batch, mbs)):
             rejected["rules"] = rejected.get("rules", 0) + 1
             continue
         fitted, work = fit_memory(model, pc, budget, seq_len, batch, mbs, prec, zeros)
@@ -180,7 +183,7 @@ def binding_constraint(p: Plan, cluster: Cluster) -> str:
 
 def describe(e: Estimate) -> str:
     p, w = e.parallel, e.workload
-    return (f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} {p.schedule}"
+    return (f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" EP{p.ep}" if p.ep > 1 else "") + f" {p.schedule}"
             + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
             + f" mbs{w.microbatch_size} ZeRO-{p.zero} recompute {w.recompute}"
             + (" tp-overlap" if p.tp_overlap else ""))

@@ -56,7 +56,8 @@ def scenario(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
              global_batch: int | None = None, microbatch_size: int = 1,
              recompute: str = "none", precision: Precision = BF16_MIXED,
              efficiency: Efficiency = LLAMA3_EFFICIENCY, framework: str | None = None,
-             stage_split: str = "even", recompute_layers: int | None = None) -> Scenario:
+             stage_split: str = "even", recompute_layers: int | None = None,
+             moe_imbalance: float = 1.0) -> Scenario:
     """The step of `model` split as `parallel` on `cluster`, checked.
 
     The batch is `global_batch_tokens` tokens (default: Llama 3's 16M) or `global_batch`
@@ -65,14 +66,16 @@ def scenario(model: ModelConfig, parallel: ParallelConfig, cluster: Cluster = LL
     `frameworks.FRAMEWORKS`) sets what that stack does: its kernels (replacing `efficiency`),
     reduce dtype, DP buckets or units, ZeRO stage and TP overlap. `stage_split`: how layers
     and the head go to pipeline ranks (`workload.stage_loads`). `recompute_layers` N: full
-    recomputation of only the first N layers of each model chunk (`make_workload`). Raises `ConfigError`
+    recomputation of only the first N layers of each model chunk (`make_workload`).
+    `moe_imbalance`: a mixture of experts' busiest expert load over the mean. Raises `ConfigError`
     (naming the flag and the rule) for a layout that cannot run.
     """
     if framework is not None:
         parallel, precision, efficiency = frameworks.apply(frameworks.framework(framework), model,
                                                            parallel, precision)
     work = replace(make_workload(seq_len, global_batch_tokens, global_batch, microbatch_size,
-                                 recompute, recompute_layers), stage_split=stage_split)
+                                 recompute, recompute_layers), stage_split=stage_split,
+                   moe_imbalance=moe_imbalance)
     if parallel.dp >= 1 and work.microbatch_size >= 1 and work.global_batch % (parallel.dp * work.microbatch_size) == 0:
         parallel = parallel.replace(microbatches=work.microbatches(parallel))
     s = Scenario(model, parallel, cluster, work, precision, efficiency)

@@ -41,6 +41,15 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def expert_degrees(model: ModelConfig, ranks: int) -> list[int]:
+    """Expert-parallel degrees to try for `ranks` = dp x cp ranks: 1 for a dense model; for a
+    mixture of experts every divisor of the ranks that divides the experts (EP is carved
+    from the dp x cp ranks and splits the experts evenly)."""
+    if not model.is_moe:
+        return [1]
+    return [d for d in divisors(ranks) if model.moe_experts % d == 0]
+
+
 def chunk_counts(schedule: str, pp: int, n_layers: int) -> list[int]:
     """Chunks per rank to try: 1, or for the interleaved schedule every power of two >= 2
     that leaves each of the pp x v stages a layer (the end stages may hold none: the stages
@@ -70,7 +79,8 @@ def layouts(model: ModelConfig, cluster: Cluster, gpus: int, global_batch: int,
     within one server and dividing the model's heads, FFN and vocabulary), pp of
     `pipeline_degrees` (or the degrees `tps`, `cps`, `pps` given), dp the rest; each micro-batch size that cuts the
     `global_batch` sequences evenly over the DP ranks; each schedule with each of its
-    `chunk_counts`. Sequence parallelism on whenever tp > 1. The other rules (the
+    `chunk_counts`; for a mixture of experts each of its `expert_degrees`. Sequence
+    parallelism on whenever tp > 1. The other rules (the
     interleaved schedule's micro-batches in multiples of pp among them) are `estimate`'s."""
     tps = tps or powers_of_two(largest_tp(model, min(cluster.gpus_per_node, gpus)))
     cps = cps or powers_of_two(gpus)
@@ -82,11 +92,11 @@ def layouts(model: ModelConfig, cluster: Cluster, gpus: int, global_batch: int,
         for mbs in microbatch_sizes:
             if global_batch % (dp * mbs):
                 continue
-            for schedule in schedules:
+            for schedule, ep in itertools.product(schedules, expert_degrees(model, dp * cp)):
                 for v in chunk_counts(schedule, pp, model.n_layers):
-                    yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, sp=tp > 1, schedule=schedule,
-                                         virtual_stages=v, microbatches=global_batch // (dp * mbs),
-                                         cp_impl=cp_impl), mbs
+                    yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, sp=tp > 1,
+                                         schedule=schedule, virtual_stages=v,
+                                         microbatches=global_batch // (dp * mbs), cp_impl=cp_impl), mbs
 
 
 def best_configs(model: ModelConfig, cluster: Cluster = LLAMA3_CLUSTER, gpus: int = 8192,

@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .. import flops
 from ..config import ModelConfig, ParallelConfig
-from . import kernels
+from . import experts, kernels
 from .constants import LLAMA3_EFFICIENCY, Efficiency
 from .exposure import (cp_seconds, dp_collective_seconds, dp_exposed_seconds,
                        first_backward_delay, p2p_exposed_seconds, p2p_message_bytes,
                        pipeline_drain_seconds, tp_exposed_seconds)
 from .hardware import LLAMA3_CLUSTER, Cluster, axis_seconds
-from .memory import memory_per_gpu, param_total_local
+from .memory import expert_total_local, memory_per_gpu, param_total_local
 from .scenario import Scenario, scenario
 from .wire import comm_bytes_per_gpu, pipeline_bytes
 from .workload import Workload, stage_loads
@@ -56,11 +56,14 @@ class Estimate:
     tokens_per_s: float = 0.0
     parallel: ParallelConfig | None = None
     workload: Workload | None = None
+    ep: dict = field(default_factory=dict)   # a mixture of experts' all-to-alls (`experts.ep_report`)
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["parallel"] = self.parallel.as_dict() if self.parallel else None
         d["workload"] = asdict(self.workload) if self.workload else None
+        if not self.ep:            # a dense step has no expert parallelism to report
+            del d["ep"]
         return d
 
 
@@ -104,7 +107,9 @@ def compute_seconds(s: Scenario) -> Compute:
     attention = kernels.attention_seconds(model, tokens, work.seq_len, pc.cp, pc.tp,
                                           cluster, eff.attention, pc.cp_impl)
     elementwise = kernels.elementwise_seconds(model, tokens, pc.tp, pc.sp, cluster, eff.elementwise)
-    per_layer = sum(f + b for f, b in linears.values()) + attention + elementwise
+    moe, share = experts.block_seconds(s), moe_share(model)
+    per_layer = (sum(f + b for f, b in linears.values()) + attention + elementwise
+                 + share * (moe.matmul + moe.elementwise))
     split = stage_loads(model, pc.pp, work.stage_split, pc.virtual_stages)
     layers, head_share = pace_stage(split, per_layer, head)
     loads = [n * per_layer + share * head for n, share in split]
@@ -115,6 +120,9 @@ def compute_seconds(s: Scenario) -> Compute:
     redone = (layers if work.recompute == "full" and work.recompute_layers is None else
               work.recomputed_layers([layers / pc.virtual_stages] * pc.virtual_stages))
     matmul += redone * sum(f for f, _ in linears.values())
+    # a mixture of experts' blocks (their share of the rank's layers): the experts' GEMMs and
+    # permutes beyond a dense block's, the forward again where it is recomputed
+    matmul += share * (layers + redone / 3) * moe.matmul
     if work.recompute_layers is not None:
         attention, elementwise = (layers + redone / 3) * attention, (layers + redone / 3) * elementwise
     else:
@@ -123,6 +131,7 @@ def compute_seconds(s: Scenario) -> Compute:
             elementwise *= 4 / 3
         if work.recompute in ("selective", "full"):
             attention *= 4 / 3
+    elementwise += share * layers * moe.elementwise
     # Gradient accumulation over micro-batches: each backward adds its bf16 weight gradients
     # into the fp32 buffer (read 2 + 4 bytes, write 4), a memory-bound pass per micro-batch.
     if s.microbatches > 1:
@@ -167,6 +176,12 @@ def pass_seconds(s: Scenario) -> Passes:
     head_f, head_b = kernels.linear_seconds(tokens, model.dim, model.vocab_size / pc.tp, cluster)
     loss = kernels.cross_entropy_seconds(tokens, model.vocab_size / pc.tp, cluster, eff.cross_entropy)
     extra = att / 3 if work.recompute == "selective" else 0.0
+    # a mixture of experts' blocks, at their share: each GEMM's three passes equal, the
+    # permutes' backward twice the forward
+    moe, share = experts.block_seconds(s), moe_share(model)
+    f += share * (moe.matmul + moe.elementwise) / 3
+    b += share * (moe.matmul + 2 * moe.elementwise) / 3
+    w += share * moe.matmul / 3
     return Passes(F=f + att / 3 + ew / 3, B=b + 2 * att / 3 + 2 * ew / 3 + extra, W=w,
                   head_F=head_f + loss / 3, head_B=head_b + 2 * loss / 3,
                   optimizer=optimizer_seconds(s))
@@ -180,6 +195,12 @@ def pace_stage(split: list[tuple[float, float]], per_layer: float,
     return max(split, key=lambda s: s[0] * per_layer + s[1] * head)
 
 
+def moe_share(model: ModelConfig) -> float:
+    """The share of the model's blocks that are mixture-of-experts (0 for a dense model):
+    a pipeline rank's blocks are counted at the model's share."""
+    return flops.moe_layer_count(model, range(model.n_layers)) / model.n_layers
+
+
 @dataclass(frozen=True)
 class Microbatch:
     """Seconds of one micro-batch on one GPU: its compute (and the attention part of it),
@@ -190,11 +211,12 @@ class Microbatch:
     tp: float
     cp: float
     balance: float
+    ep: float = 0.0           # expert parallelism's all-to-alls, exposed
 
     @property
     def critical(self) -> float:
-        """On the critical path: compute and the TP and CP traffic nothing hides."""
-        return self.compute + self.tp + self.cp
+        """On the critical path: compute and the TP, CP and EP traffic nothing hides."""
+        return self.compute + self.tp + self.cp + self.ep
 
 
 def microbatch_seconds(s: Scenario) -> Microbatch:
@@ -210,7 +232,8 @@ def microbatch_seconds(s: Scenario) -> Microbatch:
             + tp_cross_entropy_bytes(tokens, pc.tp)) / pc.pp
     t_tp += s.seconds(ends, "tp", "all_reduce", 5 / pc.pp)
     t_cp = per_layer_kind(s, c, lambda x: cp_seconds(x, t_att))
-    return Microbatch(c.seconds, c.attention, t_tp, t_cp, c.balance)
+    t_ep = experts.ep_terms(s, c.layers * moe_share(s.model), c.seconds).exposed
+    return Microbatch(c.seconds, c.attention, t_tp, t_cp, c.balance, t_ep)
 
 
 def per_layer_kind(s: Scenario, c: Compute, seconds) -> float:
@@ -241,6 +264,10 @@ def dp_terms(s: Scenario, t_mb: float) -> DataParallel:
     """Each term `dp_exposed_seconds` weighs, for micro-batches of `t_mb` seconds."""
     pc = s.parallel
     t_rs, t_ag = dp_collective_seconds(s, param_total_local(s.model, pc.tp) / pc.pp)
+    if s.model.is_moe:      # the routed experts: reduced over the ranks that hold the same ones
+        e_rs, e_ag = dp_collective_seconds(s, expert_total_local(s.model, pc.tp, pc.ep) / pc.pp,
+                                           pc.dp * pc.cp // pc.ep)
+        t_rs, t_ag = t_rs + e_rs, t_ag + e_ag
     naive = pc.bucket_mb == 0 and pc.zero < 3
     drain = pipeline_drain_seconds(pc.pp, pc.virtual_stages, t_mb)
     late = first_backward_delay(pc.pp, pc.virtual_stages, t_mb)
@@ -268,7 +295,10 @@ def optimizer_seconds(s: Scenario) -> float:
     """The optimizer's update of the rank's parameters (ZeRO shards it over the dp x cp group)."""
     pc = s.parallel
     shards = pc.dp * pc.cp if pc.zero >= 1 else 1
-    return kernels.optimizer_seconds(param_total_local(s.model, pc.tp) / pc.pp / shards, s.cluster)
+    params = param_total_local(s.model, pc.tp) / pc.pp / shards
+    if s.model.is_moe:      # the rank's routed experts, sharded over the expert-data-parallel ranks
+        params += expert_total_local(s.model, pc.tp, pc.ep) / pc.pp / max(1, shards // pc.ep)
+    return kernels.optimizer_seconds(params, s.cluster)
 
 
 def step_extras(s: Scenario, t_mb: float) -> Extras:
@@ -321,17 +351,23 @@ def step_estimate(s: Scenario) -> Estimate:
         share = recomputed_share(model, pc, work)
         hfu = mfu + share * (hfu - mfu)
     gb = {k: v / 1e9 for k, v in memory_per_gpu(model, pc, work, s.precision).items()}
+    breakdown = {"compute": m * mb.compute, "tp": m * mb.tp + extra.tp_norms, "cp": m * mb.cp,
+                 "bubble": t_pipeline - m * t_mb, "pp": t_pp, "dp": extra.dp,
+                 "optimizer": extra.optimizer}
+    ep = {}
+    if model.is_moe:        # a dense run's report keeps its keys
+        breakdown["ep"] = m * mb.ep
+        c = compute_seconds(s)
+        ep = experts.ep_report(experts.ep_terms(s, c.layers * moe_share(model), c.seconds), s, m)
     return Estimate(
         mfu=mfu, hfu=hfu, tflops_per_gpu=mfu * cluster.peak_tflops,
         step_time_s=step, memory_gb_per_gpu=gb["total"],
         comm_bytes_per_gpu=comm_bytes_per_gpu(model, pc, work, s.precision),
         bubble_fraction=bubble,
-        time_breakdown_s={"compute": m * mb.compute, "tp": m * mb.tp + extra.tp_norms,
-                          "cp": m * mb.cp, "bubble": t_pipeline - m * t_mb, "pp": t_pp,
-                          "dp": extra.dp, "optimizer": extra.optimizer},
+        time_breakdown_s=breakdown,
         memory_breakdown_gb={k: gb[k] for k in ("params", "grads", "optimizer", "activations")},
         fits_memory=gb["total"] <= cluster.hbm_gb, microbatches=m,
-        tokens_per_s=work.tokens / step, parallel=pc, workload=work)
+        tokens_per_s=work.tokens / step, parallel=pc, workload=work, ep=ep)
 
 
 def wire_seconds(e: Estimate, axis: str, cluster: Cluster,

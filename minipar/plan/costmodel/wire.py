@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig
 from .workload import Workload
-from ..flops import local_param_count
+from ..flops import local_expert_param_count, local_param_count
+from ..formulas.experts import dispatch_bytes
 from ..formulas.context_parallel import cp_wire_bytes_per_step
 from ..formulas.data_parallel import dp_bytes
 from ..formulas.pipeline_parallel import pp_bytes
 from ..formulas.tensor_parallel import tp_wire_bytes_per_step
 from ..memory import BF16_MIXED, Precision
 from ..schedules import rank_layers, stage_layer_counts
+
+# An EP rank's all-to-alls per block and micro-batch: dispatch and combine, forward and backward
+ALL_TO_ALLS = 4
 
 
 def pipeline_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
@@ -28,7 +32,8 @@ def pipeline_bytes(model: ModelConfig, pc: ParallelConfig, work: Workload,
 def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workload,
                        precision: Precision = BF16_MIXED, stage: int = 0) -> dict[str, int]:
     """Wire bytes pipeline rank `stage` (default 0: rank 0, whose CommLog `--log-json`
-    reports) sends per step on each axis: {"tp", "cp", "pp", "dp"}."""
+    reports) sends per step on each axis: {"tp", "cp", "pp", "dp"}, and "ep" for a mixture of
+    experts: its all-to-alls with uniform routing (`ALL_TO_ALLS` per block and micro-batch)."""
     pc = parallel
     m, b, s = work.microbatches(pc), work.microbatch_size, work.seq_len
     act = precision.act_bytes
@@ -53,6 +58,17 @@ def comm_bytes_per_gpu(model: ModelConfig, parallel: ParallelConfig, work: Workl
         tp = tp_bytes(layers, "none") + tp_bytes(redone, "full") - tp_bytes(redone, "none")
         cp = cp_bytes(layers, "none") + cp_bytes(redone, "full") - cp_bytes(redone, "none")
     pp = pipeline_bytes(model, pc, work, precision, stage)
-    params = local_param_count(model, pc.tp, layers, first, last)
+    moes = rank_layers(model, pc.pp, pc.virtual_stages, stage, moe=True)
+    params = local_param_count(model, pc.tp, layers, first, last, moes)
     dp = dp_bytes(params, pc.dp * pc.cp, pc.zero, m, precision.reduce_bytes, precision.param_bytes)
-    return {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+    if not model.is_moe:
+        return {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+    # the routed experts reduce over the dp x cp / ep ranks that hold the same ones; the
+    # all-to-alls carry each token to its experts and back (`formulas.experts`)
+    experts = local_expert_param_count(model, pc.tp, pc.ep, moes)
+    dp += dp_bytes(experts, pc.dp * pc.cp // pc.ep, pc.zero, m, precision.reduce_bytes,
+                   precision.param_bytes)
+    calls = ALL_TO_ALLS + (2 if work.recompute == "full" else 0)
+    ep = m * moes * calls * dispatch_bytes(work.tokens_per_microbatch(pc), model.moe_top_k,
+                                           pc.ep, model.dim, act)
+    return {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": int(ep)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import ConfigError, ModelConfig, ParallelConfig, Problem, positive, unknown
+from ..config import ConfigError, ModelConfig, ParallelConfig, Problem, broken, positive, unknown
 from .constants import TABLE4_BATCH_TOKENS
 from ..schedules import rank_layers
 
@@ -28,6 +28,8 @@ class Workload:
     # virtual one) recomputed, the rest not (Megatron's --recompute-method block
     # --recompute-num-layers N); None: every layer
     recompute_layers: int | None = None
+    # a mixture of experts' routing: the busiest expert's tokens over the mean (--moe-imbalance)
+    moe_imbalance: float = 1.0
 
     @property
     def tokens(self) -> int:
@@ -111,6 +113,7 @@ def layout_problems(model: ModelConfig, parallel: ParallelConfig, work: Workload
     long_model = replace(model, max_seq_len=max(model.max_seq_len, work.seq_len))
     layout = parallel.replace(recompute=work.recompute)   # the batch's recompute is the knob
     out += recompute_layers_problems(model, parallel, work)
+    out += ep_problems(model, parallel, work.moe_imbalance)
     for p in layout.problems(long_model, work.seq_len, work.global_batch, END_STAGES):
         if "microbatches" in p.values:       # this CLI has no --microbatches: say where it comes from
             p = Problem(f"{p} (micro-batches per DP rank = --global-batch {work.global_batch} / "
@@ -134,6 +137,17 @@ def recompute_layers_problems(model: ModelConfig, parallel: ParallelConfig,
          "does not combine with --recompute selective (give one)"),
         (not 0 <= n <= most, "range", f"{flag} {n} must be in [0, {most}]: the layers of one "
          f"pipeline stage (n_layers={model.n_layers} / --pp {parallel.pp})")) if bad]
+
+
+def ep_problems(model: ModelConfig, pc: ParallelConfig, imbalance: float = 1.0) -> list[Problem]:
+    """The rule of --moe-imbalance (--ep's own are `ParallelConfig.problems`'): the busiest
+    expert takes between the mean and every token, and each token meets an expert at most
+    once: at most E / top_k times the mean."""
+    most = model.moe_experts / model.moe_top_k if model.is_moe and model.moe_top_k > 0 else 1.0
+    return broken([(not 1.0 <= imbalance <= most, "--moe-imbalance", "range",
+                    f"--moe-imbalance {imbalance} must be in [1, {most:g}]: the busiest expert's "
+                    "load over the mean (1 = balanced; at most every token, E / top_k times the "
+                    "mean)")])
 
 
 STAGE_SPLITS = ("even", "nanotron", "trainer")

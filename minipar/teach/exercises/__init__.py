@@ -10,6 +10,7 @@ from .collectives import *
 from .context_parallel import *
 from .core import KINDS, REGISTRY, Verdict, exercises_of
 from .data_parallel import *
+from .experts import *
 from .failures import *
 from .fourd import *
 from .hf import *

@@ -1,5 +1,6 @@
-"""The exercises of the cluster chapter, checked (see core.py for how): which link each
-axis crosses, a rank-to-coordinates mapping with a bug, the exposed time of a trace, and a
+"""The exercises of the cluster chapter, checked (see core.py for how): a layout for Table 4's
+third row's setting, critiqued by the links its axes cross, the pods its replicas span, the
+memory model and the planner (`critique`); a rank-to-coordinates mapping with a bug, the exposed time of a trace, and a
 prediction of the bytes that leave a server, checked by a run."""
 from __future__ import annotations
 
@@ -8,34 +9,33 @@ import functools
 from ...plan import traces
 from ...plan.config import ParallelConfig
 from ...plan.config import TrainConfig
+from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER, Cluster
+from ...plan.costmodel.table4 import TABLE4
 from ...trainer.grid import AXES, ProcessGrid
 from ...trainer.step import Trainer
 from ...runtime import topology as place
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .collectives import WIRE_WHY
-from .core import NOT_ANSWERED, Verdict, exercise, function_given, predicted, right, wrong
+from .core import Verdict, exercise, function_given, predicted, right, wrong
+from .critique import Setting, critiqued
 
 
-@exercise("cluster", "number")
-def check_axis_links(answer, tp=8, cp=1, pp=16, dp=64) -> Verdict:
-    """answer: {axis: link} for every axis of size > 1, link one of "NVLink", "rail",
-    "spine", "across pods": the slowest link its rings cross on Llama 3's server and pod
-    sizes, wired rail-optimized."""
-    if answer is None:
-        return Verdict(None, NOT_ANSWERED)
-    want = place.placement(tp, cp, pp, dp)
-    if not isinstance(answer, dict) or set(answer) != set(want):
-        return wrong(f"give a dict with one entry per axis of size > 1: {sorted(want)}.")
-    for axis, got in answer.items():
-        if got not in place.LINKS:
-            return wrong(f"{axis}: {got!r} is not one of {place.LINKS}.")
-        if got != want[axis]:
-            faster = place.LINKS.index(got) < place.LINKS.index(want[axis])
-            return wrong(f"{axis}: its rings cross a {'slower' if faster else 'faster'} link "
-                         f"than {got!r}. Which GPUs does one of its groups occupy?")
-    return right(f"(tp={tp} cp={cp} pp={pp} dp={dp})")
+# Table 4's third row's setting: Llama 3 405B on 16,384 H100s (pods of 3,072), 128K tokens.
+LONG = Setting(model="llama3-405b", gpus=TABLE4[2].gpus, seq_len=TABLE4[2].seq_len,
+               batch_tokens=TABLE4_BATCH_TOKENS, points=3.0, pods=True)
+
+
+@exercise("cluster", "design")
+def check_axis_links(layout, reveal: bool = False) -> Verdict:
+    """layout: a dict of tp, cp, pp, dp (the rest by default), zero, recompute, schedule,
+    virtual_stages, microbatch_size for LONG, placed rank by rank on Llama 3's servers and
+    pods. Right when TP's rings stay on NVLink, no model replica spans two pods, the
+    fullest GPU fits in the HBM less the planner's headroom, and the predicted MFU is
+    within LONG.points of the planner's best; the verdict lists the link each axis'
+    rings cross, and what is wrong."""
+    return critiqued(LONG, layout, reveal)
 
 
 # ------------------------------------------------------------- a mapping with a bug

@@ -10,6 +10,7 @@ rank does most of the work.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,32 +22,71 @@ from ...plan.formulas.context_parallel import cp_wire_bytes_per_step
 from ...trainer.comm import Axis
 from ...trainer.grid import ProcessGrid
 from ...trainer.model import causal_attention
+from ...trainer.parallel import context
 from ...trainer.parallel.context import (block_forward, local_positions, ring_attention,
                                          shard_for_context_parallel)
 from ...trainer.parallel.context_analysis import attention_work, contiguous_chunks
 from ...trainer.parallel.regions import gather_from_group
 from ...trainer.step import Trainer
+from ...runtime.launch import run_local
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .. import replays
 from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .core import (FLOAT32, Tolerance, Verdict, at, exercise, first_difference, function_given,
-                   number, on_ranks, predicted, replayed_exposure, right, wrong)
+                   on_ranks, predicted, replayed_exposure, right, wrong)
 
 STEPS = 2              # step 1 scales the queries so that a naive exp(lse) overflows float32
 CP = 2                 # gloo ranks of the code checks
 PREDICT_RUN = dict(cp=2, cp_impl="allgather", seq_len=32, global_batch=8)   # the predict exercise
 
 
-@exercise("context_parallel", "number")
-def check_contiguous_imbalance(seq_len: int, cp: int, answer) -> Verdict:
-    """Busiest over least busy rank's attention work under the contiguous (naive) split."""
-    work = attention_work(seq_len, cp, contiguous_chunks)
-    want = max(work) / min(work)
-    return number(answer, want, "the imbalance", rel=1e-3, hints=[
-        (float(cp), "close, but the diagonal blocks are only half computed (a triangle "
-                    "with its diagonal): count scores, c(c+1)/2 per diagonal block."),
-        (2 * cp - 1.0, "count every rank's blocks, diagonal ones as c(c+1)/2 scores."),
+# ----------------------------------------------------------------- predict, then run: the naive split
+def _counted_scores_worker(layout, seq_len: int):
+    """On each rank: ring attention over the sequence laid out by `layout`, forward only,
+    with every block's scores counted where the mask keeps them (finite), as they are
+    computed. Returns this rank's count, per query head and sequence."""
+    grid = ProcessGrid(cp=dist.get_world_size(), rank=dist.get_rank()).init_groups()
+    kept, block = [0], context.block_forward
+
+    def counting(q, k, v, diagonal, scale):
+        scores = context._scores(q[:1, :, :1, :1], k[:1, :, :1], diagonal, scale)
+        kept[0] += int(torch.isfinite(scores).sum())
+        return block(q, k, v, diagonal, scale)
+    context.block_forward = counting
+    try:
+        q, k, v, _ = _attention_fixture(0, s=seq_len, big=1.0)
+        pos = local_positions(seq_len, grid.cp.rank, grid.cp.size, layout)
+        with torch.no_grad():
+            ring_attention(q[:, pos], k[:, pos], v[:, pos], grid.cp, layout=layout)
+    finally:
+        context.block_forward = block
+    return kept[0]
+
+
+@functools.cache
+def counted_scores(seq_len: int, cp: int, layout=contiguous_chunks) -> tuple[int, ...]:
+    """The query-key scores each of `cp` gloo ranks computes in ring attention under
+    `layout`, counted from the scores themselves as the ring computes them."""
+    return tuple(run_local(_counted_scores_worker, cp, layout, seq_len, backend="gloo"))
+
+
+@exercise("context_parallel", "predict")
+def check_contiguous_imbalance(prediction, seq_len: int = 1024, cp: int = 4,
+                               measured: float | None = None, reveal: bool = False) -> Verdict:
+    """Predict the busiest over the least busy rank's attention work when the sequence is
+    split contiguously (rank i holds chunks 2i and 2i+1 of 2 cp); the check runs ring
+    attention with that layout on `cp` gloo ranks, counts the scores each rank computes
+    where the causal mask keeps them, and compares (or takes `measured`, the ratio)."""
+    def run():
+        work = counted_scores(seq_len, cp)
+        return max(work) / min(work)
+    return predicted(prediction, run if measured is None else measured, "the imbalance", 1e-6,
+                     "every score the ring computes is counted", reveal=reveal, hints=[
+        (float(cp), "that counts blocks, a diagonal block as a full one: under the mask a "
+                    "diagonal block keeps c(c+1)/2 scores, not c²."),
+        (2 * cp - 1.0, "count every block the busiest rank meets: its chunks' diagonal "
+                       "blocks are triangles of c(c+1)/2 scores."),
     ])
 
 

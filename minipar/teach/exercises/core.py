@@ -18,7 +18,13 @@ chapter for its exercises and the book cannot name a check that does not exist. 
                prediction is a reasonable attempt or the reader asks: `reveals`);
 - "bug":       a broken variant (teach/exercises/variants) to find and fix;
 - "implement": write the piece with torch.distributed / autograd;
-- "schedule":  build an action list, checked by the simulator before it runs on ranks.
+- "schedule":  build an action list, checked by the simulator before it runs on ranks;
+- "design":    propose a layout for a given model and cluster; the memory model, the
+               placement on servers and pods, and the planner critique it (`critique`).
+
+No check grades a number by the closed form the chapter prints above it: a prediction is
+compared with a run, a simulation or a count of the real model; a formula to write is a
+broken variant to fix, compared with what minipar runs.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ from ...runtime.launch import RankFailed, run_local
 from .units import read, shown, wanted
 
 NOT_ANSWERED = "Not answered yet: replace None with your answer and run the cell again."
-KINDS = ("number", "predict", "bug", "implement", "schedule")
+KINDS = ("number", "predict", "bug", "implement", "schedule", "design")
 REGISTRY: dict[str, tuple[str, str]] = {}    # check name -> (chapter, kind)
 
 

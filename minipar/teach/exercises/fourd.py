@@ -3,7 +3,8 @@
 Four checks: a DP group (implement), a coordinate function
 with the axes peeled in the wrong order (bug), rank 0's DP bytes of a TP2 x DP2 run,
 predicted and then measured on four gloo ranks (predict), and a layout planned by hand,
-then checked against the planner (predict).
+then critiqued by the planner: how far from its best, and what the layout loses most to
+(design).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from functools import cache
 
 from ...plan.config import ConfigError, ModelConfig, ParallelConfig
 from ...plan.config import TrainConfig
-from ...plan.costmodel import estimate, gpu_cluster, plan
+from ...plan.costmodel import estimate, gpu_cluster, limiting_term, plan
 from ...plan.costmodel.planner import MIN_TOKENS_PER_CP_RANK, describe, memory_budget_gb
 from ...plan.flops import local_param_count
 from ...plan.flops import param_count
@@ -110,7 +111,7 @@ def check_predict_dp_shard_bytes(prediction, tp: int = 2, dp: int = 2, measured:
                      reveal=reveal, hints=[h for h in hints if h[0] != ring * 4 * local])
 
 
-@exercise("fourd", "predict")
+@exercise("fourd", "design")
 def check_plan(layout, model: str = PLAN_EXERCISE["model"], gpu: str = PLAN_EXERCISE["gpu"],
                gpus: int = PLAN_EXERCISE["gpus"], seq_len: int = PLAN_EXERCISE["seq_len"],
                batch_tokens: int = PLAN_EXERCISE["batch_tokens"],
@@ -139,8 +140,10 @@ def check_plan(layout, model: str = PLAN_EXERCISE["model"], gpu: str = PLAN_EXER
                      f"{describe(best)}: {100 * best.mfu:.1f}% (ratio {mine.mfu / best.mfu:.2f}).")
     theirs = (f"the planner's {describe(best)}: {100 * best.mfu:.1f}%"
               if reveals("the planned layout", (tp, cp, pp), reveal) else "the planner's best")
+    _, _, term, share, _ = limiting_term(mine)
     return wrong(f"yours {describe(mine)}: {100 * mine.mfu:.1f}% MFU, more than {points:g} points "
-                 f"short of {theirs}. Which term limits yours?")
+                 f"short of {theirs}. Yours loses most to {term}, {share:.0%} of the step: "
+                 f"what would shrink it?")
 
 
 @cache

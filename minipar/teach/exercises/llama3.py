@@ -1,12 +1,13 @@
 """The exercises of the llama3 chapter (book/llama3.md), checked (see core.py for how).
 
-- `check_param_count` (implement): count a Llama's parameters from its shape, checked
-  against the tensors of the real model (`model.Transformer`, built on the meta device);
+- `check_param_count` (bug): `buggy_param_count` fixed, checked against the tensors of
+  the real model (`model.Transformer`, built on the meta device);
 - `check_rank_coords` (implement): a rank's (tp, cp, pp, dp) coordinates in the order
   [TP, CP, PP, DP], against `ProcessGrid`;
-- `check_model_state_gb` (number): the model state per GPU of Table 4's row 1, from the
-  precision the paper states (fp32 gradients), not from a bytes-per-parameter given;
-- `check_straddling_replicas` (number): which of row 3's model replicas span two pods;
+- `check_published_layout` (design): a layout for Table 4's first row's setting, critiqued
+  by the memory model, the placement and the planner (`critique`);
+- `check_straddling_replicas` (bug): `buggy_straddling_replicas` fixed, checked against
+  the replicas `ProcessGrid` places in two pods;
 - `check_predict_stage_params` (predict): the parameter bytes of the fullest GPU of a TP2
   PP2 run, predicted, then measured by running minipar.
 """
@@ -15,17 +16,15 @@ from __future__ import annotations
 import torch
 
 from ...plan.config import ModelConfig, ParallelConfig, TrainConfig
+from ...plan.costmodel.constants import TABLE4_BATCH_TOKENS
 from ...plan.costmodel.hardware import LLAMA3_CLUSTER
 from ...plan.costmodel.table4 import TABLE4
 from ...plan.flops import local_param_count
-from ...plan.flops import param_count
-from ...plan.memory import BF16_MIXED
 from ...trainer.grid import ProcessGrid
 from ...trainer.model import Transformer
 from ...runtime.run import train
-from ...runtime.topology import straddling_replicas
-from .core import (Verdict, compare_calls, exercise, function_given, number, predicted, right,
-                   wrong)
+from .core import Verdict, compare_calls, exercise, function_given, predicted, right, wrong
+from .critique import Setting, critiqued
 
 # Shapes that catch the usual slips: GQA (K and V narrower than Q), tied embeddings (one
 # table, counted once), a square FFN, Llama 3 405B itself.
@@ -42,14 +41,23 @@ def model_params(model: ModelConfig) -> int:
     return sum(p.numel() for p in built.parameters())    # parameters() yields a tied one once
 
 
-@exercise("llama3", "implement")
+def buggy_param_count(model: ModelConfig) -> int:
+    """The parameters of a Llama from its fields, with two bugs (the exercise)."""
+    h, layers = model.dim, model.n_layers
+    attention = 4 * h * h                              # q, k, v, o
+    mlp = 3 * h * model.ffn_dim                        # gate, up, down
+    return layers * (attention + mlp) + 2 * model.vocab_size * h + h
+
+
+@exercise("llama3", "bug")
 def check_param_count(fn) -> Verdict:
-    """fn(model: ModelConfig) -> int, every parameter of the Llama `model` from its fields,
-    compared with the parameters the real `Transformer(model)` holds, for four shapes."""
+    """fn(model: ModelConfig) -> int: `buggy_param_count` fixed, compared with the
+    parameters the real `Transformer(model)` holds (built on the meta device), for four
+    shapes: GQA, tied embeddings, a small odd one and Llama 3 405B."""
     return compare_calls(
         fn, PARAM_CASES, model_params, 0.0,
         lambda args, got, want: _param_hint(args[0], got, want),
-        "every parameter, for four shapes (GQA, tied embeddings, Llama 3 405B).",
+        "every parameter of the real model, for four shapes (GQA, tied embeddings, Llama 3 405B).",
         call=lambda args: f"fn({_name(args[0])})")
 
 
@@ -101,50 +109,69 @@ def check_rank_coords(fn) -> Verdict:
     return right("every rank of four layouts, uneven degrees included.")
 
 
-@exercise("llama3", "number")
-def check_model_state_gb(answer, zero1: bool = False) -> Verdict:
-    """GB (1e9 bytes) of model state per GPU in Table 4 row 1 (TP8 PP16 DP64), the 405B's
-    parameters split evenly over TP x PP, under the precision the paper states (bf16
-    weights, gradients accumulated and reduce-scattered in fp32, Adam with fp32 master
-    weights: `costmodel.constants.BF16_MIXED`); with zero1=True the optimizer state (master
-    weights and moments) is also sharded over DP."""
-    row, p = TABLE4[0], BF16_MIXED
-    n = param_count(ModelConfig.preset("llama3-405b"))
-    split = row.tp * row.pp
-    held = p.param_bytes + p.grad_bytes                   # not sharded by ZeRO-1
-    per_param = held + p.optimizer_bytes / (row.dp if zero1 else 1)
-    want = n * per_param / split / 1e9
-    full = held + p.optimizer_bytes
-    bf16_grads = p.param_bytes + 2 + p.optimizer_bytes / (row.dp if zero1 else 1)
-    what = "the model state per GPU" + (" with ZeRO-1" if zero1 else "")
-    return number(answer, want, what, rel=5e-3, unit="GB", hints=[
-        (n * bf16_grads / split / 1e9, "that counts bf16 gradients; the paper says Llama 3 "
-                                       "accumulates and reduce-scatters them in fp32."),
-        (n * full / row.gpus / 1e9, "DP replicates the model: divide by TP x PP, not by every GPU."),
-        (n * full / row.tp / 1e9, "PP splits the layers too: divide by TP x PP."),
-        (n * per_param / split / 2**30, "GB here are 1e9 bytes, not GiB."),
-        (n * held / split / 1e9, "that is the weights and gradients only; Adam keeps more."),
-    ])
+# Table 4's first row's setting: Llama 3 405B on 8,192 H100s, 8K tokens, 16M-token batches.
+PUBLISHED = Setting(model="llama3-405b", gpus=TABLE4[0].gpus, seq_len=TABLE4[0].seq_len,
+                    batch_tokens=TABLE4_BATCH_TOKENS, points=3.0)
 
 
-@exercise("llama3", "number")
-def check_straddling_replicas(answer) -> Verdict:
-    """The DP indices (a list) of Table 4 row 3's model replicas (TP8 CP16 PP16: 2,048
-    consecutive GPUs each, 8 of them) whose GPUs span two 3,072-GPU pods."""
-    if answer is None:
-        return Verdict(None, "Not answered yet: replace None with your list and run the cell again.")
-    row, pod = TABLE4[2], LLAMA3_CLUSTER.pod_size
-    want = straddling_replicas(row.tp * row.cp * row.pp, row.gpus, pod)
-    try:
-        got = sorted(int(x) for x in answer)
-    except (TypeError, ValueError):
-        return wrong(f"give a list of replica indices (0 to {row.dp - 1}), got {answer!r}.")
-    if got == want:
-        return right(f"{len(want)} of the {row.dp} replicas span two pods.")
-    if got == [r + 1 for r in want]:
-        return wrong("count replicas from 0, as DP ranks are.")
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    return wrong(f"{len(missing)} straddling replica(s) missing, {len(extra)} listed that sit in one pod.")
+@exercise("llama3", "design")
+def check_published_layout(layout, reveal: bool = False) -> Verdict:
+    """layout: a dict of tp, cp, pp, dp (the rest by default), zero, recompute, schedule,
+    virtual_stages, microbatch_size for PUBLISHED. Right when the fullest GPU fits in the
+    HBM less the planner's headroom, TP's rings stay on NVLink, and the predicted MFU is
+    within PUBLISHED.points of the planner's best; otherwise the verdict says which part
+    overflows, which axis leaves the server, and what the layout loses most to. The
+    planner's best layout shows from your second layout on, or with reveal=True."""
+    return critiqued(PUBLISHED, layout, reveal)
+
+
+def buggy_straddling_replicas(model_gpus: int, world: int, pod_size: int) -> list[int]:
+    """The model replicas (DP indices) whose consecutive GPUs span two pods, with a bug
+    (the exercise)."""
+    return [d for d in range(world // model_gpus)
+            if d * model_gpus // pod_size != (d + 1) * model_gpus // pod_size]
+
+
+# (tp, cp, pp, dp, pod size): Table 4's row 3 on Llama 3's pods, replicas that end exactly
+# at a pod's edge, and replicas larger than a pod
+STRADDLE_CASES = [(8, 16, 16, 8, LLAMA3_CLUSTER.pod_size), (2, 1, 2, 8, 8), (2, 2, 2, 6, 12),
+                  (4, 1, 4, 4, 8)]
+
+
+def replicas_across_pods(tp: int, cp: int, pp: int, dp: int, pod_size: int) -> list[int]:
+    """The DP indices whose replica's ranks, as `ProcessGrid` lays them on consecutive
+    GPUs, sit in more than one pod: counted from the grid, rank by rank."""
+    grid = ProcessGrid(tp, cp, pp, dp)
+    pods: dict[int, set] = {}
+    for rank in range(grid.world_size):
+        pods.setdefault(grid.coords(rank)["dp"], set()).add(rank // pod_size)
+    return sorted(d for d, held in pods.items() if len(held) > 1)
+
+
+@exercise("llama3", "bug")
+def check_straddling_replicas(fn) -> Verdict:
+    """fn(model_gpus, world, pod_size) -> [DP indices]: `buggy_straddling_replicas` fixed,
+    compared with the replicas whose ranks `ProcessGrid` places in two pods, for Table 4's
+    row 3 on Llama 3's pods and smaller grids (a replica ending at a pod's edge among them)."""
+    problem = function_given(fn)
+    if problem is not None:
+        return problem
+    for tp, cp, pp, dp, pod in STRADDLE_CASES:
+        size = tp * cp * pp
+        want = replicas_across_pods(tp, cp, pp, dp, pod)
+        call = f"fn({size:,}, {size * dp:,}, {pod:,})"
+        try:
+            got = sorted(int(x) for x in fn(size, size * dp, pod))
+        except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
+            return wrong(f"{call} raised {type(e).__name__}: {e}")
+        if got != want:
+            extra = sorted(set(got) - set(want))
+            return wrong(f"{call} = {got}: " + (
+                f"replica(s) {extra} sit in one pod (their last GPU is "
+                f"{[(d + 1) * size - 1 for d in extra]}); which GPU does a replica end on?"
+                if extra else f"{len(set(want) - set(got))} replica(s) that span two pods are missing."))
+    return right(f"every replica the grid places in two pods, for {len(STRADDLE_CASES)} grids "
+                 "(Table 4's row 3 among them).")
 
 
 STAGE_RUN = dict(tp=2, pp=2, global_batch=4, seq_len=32)
@@ -176,4 +203,5 @@ def check_predict_stage_params(prediction, measured: int | None = None, reveal: 
                      "minipar counts the tensors each rank holds exactly", unit="B", reveal=reveal)
 
 
-__all__ = [n for n in dir() if n.startswith("check_")]
+__all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_param_count",
+                                                          "buggy_straddling_replicas"]

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from ...plan.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
-from ...plan.costmodel.memory import fullest_stage, memory_of_rank
-from ...plan.costmodel.workload import layout_problems, make_workload
+from ...plan.config import ModelConfig, ParallelConfig, TrainConfig
 from ...plan.flops import param_count
-from ...plan.memory import BF16_MIXED
 from ...trainer.memory_meter import ActivationMeter
 from ...trainer.model import Transformer, cross_entropy_sum
 from ...runtime.run import train
-from .core import (FLOAT32, NOT_ANSWERED, Verdict, at, exercise, first_difference,
-                   function_given, predicted, right, wrong)
+from .core import (FLOAT32, Verdict, at, exercise, first_difference, function_given,
+                   predicted, right, wrong)
+from .critique import Setting, critiqued
 
-GIB = 2**30
 PREDICT_BATCH = (4, 32)        # sequences x tokens of the predict exercise
 RECOMPUTE_STEPS, LR = 2, 0.1   # two SGD steps: the second starts from the first's update
 RECOMPUTE_BUDGET = 0.5         # of what no recomputation keeps
@@ -132,45 +129,19 @@ def check_recompute(recompute) -> Verdict:
 
 
 # ----------------------------------------------------------------- will it fit?
-def fit_gb(layout: dict) -> tuple[float | None, list[str]]:
-    """The fullest GPU's bytes (GB) of Llama 3 70B under `layout`, or the layout's problems."""
-    model = ModelConfig.preset(FIT["model"])
-    kw = {**dict(tp=1, cp=1, pp=1, dp=1, zero=0, recompute="none", microbatch_size=1,
-                 schedule="1f1b", virtual_stages=1), **layout}
-    if kw["tp"] * kw["cp"] * kw["pp"] * kw["dp"] != FIT["gpus"]:
-        return None, [f"tp x cp x pp x dp must be {FIT['gpus']} GPUs"]
-    try:
-        pc = ParallelConfig(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=kw["dp"], zero=kw["zero"],
-                            sp=kw["tp"] > 1, schedule=kw["schedule"],
-                            virtual_stages=kw["virtual_stages"], recompute=kw["recompute"])
-        work = make_workload(FIT["seq_len"], FIT["global_batch_tokens"], None,
-                             kw["microbatch_size"], kw["recompute"])
-        problems = layout_problems(model, pc, work)
-    except (ConfigError, ValueError) as e:
-        return None, str(e).split("; ")
-    if problems:
-        return None, problems
-    stage = fullest_stage(model, pc, work, BF16_MIXED)
-    return memory_of_rank(model, pc, work, BF16_MIXED, stage)["total"] / 1e9, []
+# Llama 3 70B on four servers of H100s, 8K tokens, 2M-token batches, bf16 mixed precision:
+# two servers hold no layout under the planner's headroom, four hold several hundred.
+FIT = Setting(model="llama3-70b", gpus=32, seq_len=8192, batch_tokens=2**21)
 
 
-@exercise("memory", "number")
+@exercise("memory", "design")
 def check_will_it_fit(layout) -> Verdict:
-    """layout: a dict of tp, cp, pp, dp, zero (0-3), recompute, schedule, virtual_stages,
-    microbatch_size for Llama 3 70B on two servers (16 H100s), 8K tokens, 2M-token batches, bf16 mixed
-    precision. Right when the fullest GPU fits in 80 GiB (the cost model's count)."""
-    if layout is None:
-        return Verdict(None, NOT_ANSWERED)
-    if not isinstance(layout, dict):
-        return wrong(f"layout should be a dict such as dict(tp=8, pp=4, dp=2, zero=1), got {layout!r}.")
-    gb, problems = fit_gb(layout)
-    if gb is None:
-        return wrong("this layout cannot run: " + "; ".join(problems))
-    budget = FIT["hbm_gib"] * GIB / 1e9
-    if gb > budget:
-        return wrong(f"the fullest GPU holds {gb:.1f} GB, over the budget of {budget:.1f} GB "
-                     f"(80 GiB): {gb / budget:.2f}x.")
-    return right(f"the fullest GPU holds {gb:.1f} GB of {budget:.1f} GB (80 GiB).")
+    """layout: a dict of tp, cp, pp, dp (the rest of the GPUs by default), zero (0-3),
+    recompute, schedule, virtual_stages, microbatch_size for FIT. Right when the fullest
+    GPU fits in the HBM less the planner's headroom (`planner.memory_budget_gb`, by the
+    cost model's count) and TP's rings stay on one server's NVLink; otherwise the verdict
+    names the part that overflows and what shrinks it. The planner's MFU is a note."""
+    return critiqued(FIT, layout)
 
 
 STATE_RUN = dict(dp=2, zero=1, global_batch=4, seq_len=32)   # tiny, fp32, one step

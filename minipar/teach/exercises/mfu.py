@@ -2,12 +2,14 @@
 
 - `check_predict_step_flops` (predict): the FLOPs of one training step of `tiny`,
   predicted, then counted by torch's FlopCounterMode on the real model;
-- `check_flops_per_token` (implement): a step's FLOPs per token for any model and sequence,
-  checked against the same counter;
+- `check_attention_crossover` (predict): the sequence length at which attention's FLOPs
+  per token equal the weights', found from the same counter at two lengths;
 - `check_fixed_mfu` (bug): `buggy_mfu` below has two bugs; fix them;
 - `check_predict_dp_bytes` (predict): predict what CommLog counts for ZeRO-1, then run it.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -73,19 +75,34 @@ def counted_per_token(model: ModelConfig, seq_len: int) -> float:
     return counted_flops(model, 1, seq_len) / seq_len
 
 
-@exercise("mfu", "implement")
-def check_flops_per_token(fn) -> Verdict:
-    """fn(model, seq_len) -> the FLOPs per token of a training step (forward and backward)
-    of `model` on sequences of seq_len tokens, compared with what torch's FlopCounterMode
-    counts on the real model, within 1%."""
-    cases = [(ModelConfig(), 128), (ModelConfig(tie_embeddings=True), 64),
-             (ModelConfig.preset("llama3-405b"), 8192), (ModelConfig.preset("llama3-405b"), 131072)]
-    return compare_calls(
-        fn, cases, counted_per_token, COUNTED,
-        lambda args, got, want: f"for {args[0].name} at seq_len {args[1]:,} you count {got:.4g} "
-                                f"FLOPs per token, torch counts {want / got:.4g} times that.",
-        "within 1% of what torch counts, for three models, at 8K and 128K for the 405B.",
-        call=lambda args: f"fn({args[0].name}, {args[1]})")
+@functools.cache
+def counted_crossover(model: ModelConfig) -> float:
+    """The sequence length at which attention's FLOPs per token equal the rest's, from what
+    torch's FlopCounterMode counts on the real model at two lengths: per token the count is
+    a + b s (the weights' matmuls, then attention's scores and weighted sum), so s = a / b."""
+    s1, s2 = 256, 512
+    f1, f2 = counted_per_token(model, s1), counted_per_token(model, s2)
+    slope = (f2 - f1) / (s2 - s1)
+    return (f1 - slope * s1) / slope
+
+
+@exercise("mfu", "predict")
+def check_attention_crossover(prediction, model: str = "llama3-8b", reveal: bool = False) -> Verdict:
+    """Predict the sequence length (tokens) at which attention's matmuls do as many FLOPs
+    per token as the weights' matmuls, in a training step of `model`; the check counts the
+    real model's FLOPs with torch's FlopCounterMode at two lengths (on the meta device) and
+    finds where the two lines cross."""
+    m = ModelConfig.preset(model)
+    per_layer = 12 * m.n_layers * m.dim
+    return predicted(prediction, lambda: counted_crossover(m), "the crossover length",
+                     COUNTED, WHY_COUNTED, reveal=reveal, hints=[
+        (6 * param_count(m) / per_layer, "the input embedding is a lookup, not a matmul: "
+                                         "leave it out of N."),
+        (6 * param_count(m, embeddings=False) / (per_layer / 2), "that halves attention for the "
+         "causal mask, as Megatron does; torch counts the full square, as PaLM's convention does."),
+        (2 * param_count(m, embeddings=False) / per_layer, "the weights do 6 N per token in "
+         "a training step (forward and backward), not 2 N."),
+    ])
 
 
 def buggy_mfu(tokens_per_s: float, model: ModelConfig, seq_len: int, peak_flops: float,

@@ -5,7 +5,7 @@ Schedules are checked symbolically first, by the same functions that check minip
 replayed with blocking sends by `schedule_analysis.check_p2p_plan`). The predict-then-run
 exercises compare the reader's prediction with what minipar gives: the simulator, for a bubble
 the chapter does not compute (transfers that take time), and the executor on real gloo ranks,
-for the bubble a run measures.
+for the activations a rank holds at once, counted from the actions the run recorded.
 """
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ from ...plan.schedules import Action, ScheduleError, make_schedule, p2p_plan, si
 from ...trainer.parallel import pipeline
 from ...runtime.run import train
 from .. import replays
-from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given, hidden,
-                   near, number, predicted, reveals, right, wrong)
-from .units import read
+from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given,
+                   predicted, right, wrong)
 
 
 # ----------------------------------------------------------------- predict, then simulate
@@ -38,14 +37,18 @@ def simulated_bubble(p: int, m: int, schedule: str = "1f1b", t_comm: float = 0.0
 
 
 @exercise("pipeline_parallel", "predict")
-def check_bubble(p: int, m: int, prediction, schedule: str = "1f1b", t_comm: float = 0.0,
+def check_bubble(p: int, m: int, prediction, schedule: str = "1f1b", t_comm: float = 0.5,
                  reveal: bool = False) -> Verdict:
     """Predict the bubble fraction of `schedule` with p stages and m micro-batches, a forward
     taking 1, a backward 2 and each message between neighbouring ranks `t_comm`; the check
-    builds the schedule (`make_schedule`) and runs it in minipar's simulator (`simulate`)."""
+    builds the schedule (`make_schedule`) and runs it in minipar's simulator (`simulate`).
+    Messages must take time (t_comm > 0): without them the answer is the chapter's formula."""
     what = "the bubble fraction"
     if prediction is None and not reveal:
         return predicted(None, 0.0, what, 1e-3, "")
+    if t_comm <= 0:
+        return wrong("with messages that take no time the bubble is the chapter's formula: "
+                     "this exercise is about transfers, give t_comm > 0.")
     timed = simulate(make_schedule(schedule, p, m), T_F, T_B, 0.0, t_comm)
     truth = timed.bubble_fraction
     hints = [(truth / (1 - truth), "that is idle over busy time; the fraction is idle over "
@@ -191,34 +194,41 @@ def measured_durations(tl) -> tuple[float, float]:
     return mean("F"), mean("B")
 
 
+def measured_in_flight(tl, rank: int = 0) -> int:
+    """The most micro-batches whose activations `rank` held at once in a measured timeline:
+    forwards ended minus backwards ended, action by action as the rank ran them."""
+    held = peak = 0
+    for e in sorted((e for e in tl.events if e.rank == rank), key=lambda e: e.start):
+        held += 1 if e.kind == "F" else -1 if e.kind == "B" else 0
+        peak = max(peak, held)
+    return peak
+
+
 @exercise("pipeline_parallel", "predict")
-def check_predict_bubble(prediction, p: int = 2, m: int = 4, reveal: bool = False) -> Verdict:
-    """Predict the bubble fraction of 1F1B with p ranks and m micro-batches from the
-    chapter's model; minipar then runs it on p gloo ranks and the verdict reports the
-    measured bubble over the prediction, and what the simulator gives with the measured
-    action times (the model fed with the run's own durations). The run is shown once the
-    prediction is within a factor of 2 of the model, on a second try, or with reveal=True."""
-    what, model = "the bubble fraction", simulate(make_schedule("1f1b", p, m)).bubble_fraction
-    verdict = number(prediction, model, what, rel=1e-3)
-    if prediction is None and not reveal:
-        return verdict
-    try:
-        guess = None if prediction is None else read(prediction)
-    except ValueError:
-        return verdict                                   # it says what is wrong with the answer
-    if verdict.ok is False and not reveals(what, guess, reveal, near(guess, model)):
-        return hidden(what, guess, model, "", 1e-3, "the simulator counts slots exactly",
-                      against="the chapter's model")
-    tl = measured_pipeline("1f1b", p, m)
-    t_f, t_b = measured_durations(tl)
-    fed = simulate(make_schedule("1f1b", p, m), t_f, t_b).bubble_fraction
-    ratio = f" / {guess:.3f} = {tl.bubble_fraction / guess:.2f}" if guess else ""
-    verdict.message = ((verdict.message if prediction is not None else "") + (
-        f" The run's bubble{' / prediction' if ratio else ''} = {tl.bubble_fraction:.3f}{ratio}; the "
-        f"simulator with the run's mean F and B ({t_f * 1e3:.1f} and {t_b * 1e3:.1f} ms) gives "
-        f"{fed:.3f}: the rest is time no action accounts for (transfers, Python, cores shared "
-        f"with other work).")).lstrip()
-    return verdict
+def check_predict_in_flight(prediction, schedule: str = "1f1b", p: int = 2, m: int = 4,
+                            measured: int | None = None, reveal: bool = False) -> Verdict:
+    """Predict the most micro-batches whose activations rank 0 holds at once (its forward
+    done, its backward not yet) under `schedule` with p ranks and m micro-batches; minipar
+    then runs it on p gloo ranks with --profile and counts from the recorded actions (or
+    takes `measured`). The verdict also shows the run's bubble, and what the simulator
+    gives fed with the run's own mean action times."""
+    def details():
+        tl = measured_pipeline(schedule, p, m)
+        t_f, t_b = measured_durations(tl)
+        fed = simulate(make_schedule(schedule, p, m), t_f, t_b).bubble_fraction
+        return (f" The run's bubble is {tl.bubble_fraction:.3f}; the simulator fed with its mean "
+                f"F and B ({t_f * 1e3:.1f} and {t_b * 1e3:.1f} ms) gives {fed:.3f}: the rest is "
+                "time no action accounts for (transfers, Python, cores shared with other work).")
+    run = (lambda: measured_in_flight(measured_pipeline(schedule, p, m))) if measured is None else measured
+    hints = [(float(m), "that is all m: AFAB's, whose forwards all run first. Which "
+                        "backward can rank 0 start before its last forward?"),
+             (1.0, "that is the last rank's: rank 0 starts a backward only once its first "
+                   "micro-batch has gone through every later stage and come back.")]
+    if schedule != "1f1b":
+        hints = []
+    return predicted(prediction, run, "rank 0's micro-batches in flight", 1e-9,
+                     "the run's actions are counted exactly", reveal=reveal, hints=hints,
+                     details=details if measured is None else "")
 
 
 # ---------------------------------------------------------------- predict, then replay

@@ -15,10 +15,12 @@ import torch.distributed as dist
 
 from ...plan.config import ParallelConfig
 from ...plan.config import ModelConfig, TrainConfig
-from ...plan.formulas.tensor_parallel import tp_layer_bytes, tp_wire_bytes_per_step
+from ...plan.formulas.tensor_parallel import (tp_layer_bytes, tp_wire_bytes_breakdown,
+                                              tp_wire_bytes_per_step)
 from ...trainer.grid import ProcessGrid
 from ...trainer.parallel.regions import reduce_from_group
 from ...trainer.step import Trainer
+from ...runtime import launch
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .. import replays
@@ -27,14 +29,6 @@ from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_differen
                    function_given, on_ranks, predicted, replayed_exposure)
 
 STEPS, LR = 2, 0.1       # two SGD steps: the second starts from the first's update
-
-
-# ----------------------------------------------------------------- implement: a block's bytes
-# (tokens, dim, tp, act_bytes, sp): Llama 3 405B's block (8K tokens, h = 16384, bf16, t = 8)
-# with and without SP, float32, t = 1, 2, 4
-TP_BLOCK_CASES = [(8192, 16384, 8, 2, False), (8192, 16384, 8, 2, True),
-                  (4096, 4096, 4, 4, False), (2048, 4096, 2, 2, True),
-                  (1024, 512, 1, 2, False), (256, 64, 4, 4, True)]
 
 
 def _tp_block_mistakes(tokens: int, dim: int, tp: int, act_bytes: int, sp: bool):
@@ -58,20 +52,71 @@ def _tp_block_mistakes(tokens: int, dim: int, tp: int, act_bytes: int, sp: bool)
     ]
 
 
-@exercise("tensor_parallel", "implement")
+# ----------------------------------------------------------------- find the bug: a block's bytes
+def buggy_tp_block_bytes(tokens: int, dim: int, tp: int, act_bytes: int, sp: bool) -> float:
+    """The bytes one TP rank sends for one transformer block (attention + MLP, Megatron's
+    layout), one micro-batch, forward and backward, ring collectives, with two bugs (the
+    exercise)."""
+    size = tokens * dim * act_bytes                 # one [tokens, dim] activation
+    one_sum = (tp - 1) / tp * size                  # reduce-scatter, or all-gather: one ring pass
+    sums = 2                                        # g after attention and after the MLP
+    return sums * one_sum
+
+
+TP_RUN = dict(global_batch=8, seq_len=32)        # tiny, float32, one micro-batch
+TP_VARIANTS = [dict(sp=False), dict(sp=True)]
+
+
+def _tp_steps(variants):
+    """On each rank: one step of `tiny` per variant; the bytes its collectives sent on the
+    tp axis, as CommLog counts them."""
+    out = []
+    for kw in variants:
+        cfg = TrainConfig(parallel=ParallelConfig(tp=dist.get_world_size(), **kw), steps=1,
+                          progress=False, **TP_RUN)
+        cfg.validate()
+        comm = Trainer(cfg).step(0)["comm"].get("tp", {})
+        out.append(sum(op["wire_bytes"] for op in comm.values()))
+    return out
+
+
+@functools.cache
+def tp_run_bytes(tp: int) -> dict:
+    """{sp: tp bytes rank 0 sent in one step of tiny} from one world of `tp` gloo ranks."""
+    sent = launch.run(_tp_steps, tp, TP_VARIANTS, timeout_s=300)[0]
+    return {kw["sp"]: b for kw, b in zip(TP_VARIANTS, sent)}
+
+
+def outside_blocks(tp: int, sp: bool) -> int:
+    """What the step sends besides its blocks: the vocab-parallel embedding, head and loss,
+    and under SP the norms' partial gradients (`tp_wire_bytes_breakdown`)."""
+    parts = tp_wire_bytes_breakdown(ModelConfig.preset("tiny"), TP_RUN["global_batch"],
+                                    TP_RUN["seq_len"], tp, sp=sp)
+    return sum(v for k, v in parts.items() if k != "layers")
+
+
+def block_bytes_run(tokens: int, dim: int, tp: int, act_bytes: int, sp: bool) -> float:
+    """One block's bytes as the run sent them: the step's tp bytes, less what lies outside
+    the blocks, over the blocks."""
+    return (tp_run_bytes(tp)[sp] - outside_blocks(tp, sp)) / ModelConfig.preset("tiny").n_layers
+
+
+def tp_block_cases() -> list[tuple]:
+    tiny, tokens = ModelConfig.preset("tiny"), TP_RUN["global_batch"] * TP_RUN["seq_len"]
+    return [(tokens, tiny.dim, tp, 4, sp) for tp in (2, 4) for sp in (False, True)]
+
+
+@exercise("tensor_parallel", "bug")
 def check_tp_block_bytes(fn) -> Verdict:
-    """fn(tokens, dim, tp, act_bytes, sp) -> the bytes one TP rank sends for one transformer
-    block (attention + MLP, Megatron's layout), one micro-batch of `tokens` tokens of width
-    `dim`, forward and backward, activations of `act_bytes` bytes, ring collectives, with or
-    without sequence parallelism; checked against `formulas.tensor_parallel.tp_layer_bytes`
-    on TP_BLOCK_CASES, with a hint for the usual mistakes."""
+    """fn(tokens, dim, tp, act_bytes, sp) -> one block's bytes: `buggy_tp_block_bytes`
+    fixed. Compared with one step of `tiny` (float32, one micro-batch of 8 x 32 tokens) on
+    2 and 4 gloo ranks, with and without SP: the tp bytes CommLog counted, less the
+    embedding's, the head's, the loss's and the norms' (the chapter's formulas), per block."""
     call = lambda args: f"tp_block_bytes{args!r}"
-    return compare_calls(fn, TP_BLOCK_CASES,
-                         lambda t, h, tp, nb, sp: tp_layer_bytes(t, h, tp, nb, sp=sp), 1e-9,
+    return compare_calls(fn, tp_block_cases(), block_bytes_run, 1e-9,
                          diagnosed(call, _tp_block_mistakes),
-                         f"tp_block_bytes agrees with the chapter's count on all "
-                         f"{len(TP_BLOCK_CASES)} blocks: t = 1 to 8, SP or not, bf16 and float32.",
-                         call=call)
+                         "tp_block_bytes agrees with the bytes the trainer's blocks sent, TP2 "
+                         "and TP4, with and without SP.", call=call)
 
 
 def _column_parallel_worker(fn):
@@ -232,4 +277,5 @@ def check_replayed_tp_exposure(predicted_ms, reveal: bool = False) -> Verdict:
                              "tensor_parallel", "tp", clues)
 
 
-__all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_row_parallel_linear"]
+__all__ = [n for n in dir() if n.startswith("check_")] + ["buggy_row_parallel_linear",
+                                                          "buggy_tp_block_bytes"]

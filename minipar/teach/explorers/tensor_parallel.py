@@ -5,7 +5,9 @@ Bytes come from `formulas.tp_layer_bytes` (four all-reduces of the [b, s, h] act
 per layer and micro-batch, or SP's all-gathers and reduce-scatters: the same bytes), the
 time from the link's rate at the cost model's fitted fraction of it, and the layer's compute
 from 6 N_layer + 12 h s FLOPs per token at a stated throughput. `figure` draws Llama 3
-405B's layer (the page shows that), `explore` puts sliders on it.
+405B's layer (the page shows that), `explore` puts sliders on it. The links are the data sheets' (`plan.datasheets`, the one
+table the cost model wires its clusters from): an H100's NVLink, 450 GB/s each way, by
+default, the chapter's, and its 400 Gb/s NIC; the slider offers every link of that table.
 """
 from __future__ import annotations
 
@@ -13,15 +15,20 @@ import matplotlib.pyplot as plt
 
 from ...plan.config import ModelConfig
 from ...plan.costmodel.constants import LLAMA3_EFFICIENCY
+from ...plan.datasheets import H100, SHEETS
 from ...plan.flops import layer_param_count
 from ...plan.formulas.tensor_parallel import tp_layer_bytes
 from ..style import COLORS, PAGE_WIDTH
-from ..widgets import choice, explorer, log_slider, powers, slider, steps
+from ..widgets import choice, explorer, powers, slider, steps
 
-DEFAULTS = dict(t=8, link_GBps=450.0, seq_len=8192, microbatch=1, tflops=430.0,
+NIC_GBps = H100.nic_Gbps / 8     # one 400 Gb/s NIC, 50 GB/s: the link TP would use across servers
+# Every link of the data sheets, GB/s per GPU and direction: NVLink inside a server, the NIC
+# across servers (Gb/s / 8)
+LINKS = tuple(sorted({s.nvlink_GBps for s in SHEETS.values() if s.nvlink_GBps}
+                     | {s.nic_Gbps / 8 for s in SHEETS.values() if s.nic_Gbps}))
+DEFAULTS = dict(t=8, link_GBps=H100.nvlink_GBps, seq_len=8192, microbatch=1, tflops=430.0,
                 model="llama3-405b", act_bytes=2)
 TPS = (1, 2, 4, 8, 16, 32, 64)
-NIC_GBps = 50.0     # one 400 Gb/s NIC: the link TP would use across servers
 
 
 def layer_costs(t: int, link_GBps: float, seq_len: int, microbatch: int, tflops: float,
@@ -71,16 +78,16 @@ def figure(**values):
     return fig
 
 
-CONTROLS = {"t": steps(TPS), "link_GBps": log_slider(0, 3.3, "link GB/s"),
+CONTROLS = {"t": steps(TPS), "link_GBps": steps(LINKS, "link GB/s"),
             "model": choice(["llama3-405b", "llama3-70b", "llama3-8b"]),
             "seq_len": powers(10, 17, "seq len"), "microbatch": slider(1, 8, label="micro-batch"),
             "tflops": slider(100.0, 900.0, 10.0, "TFLOP/s")}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"t": list(TPS), "model": ["llama3-405b", "llama3-70b", "llama3-8b"],
-       "seq_len": [8192, 131072]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every t and
+# model; the sequence and every link of the data sheets one at a time.
+WEB = {"t": list(TPS), "model": ["llama3-405b", "llama3-70b", "llama3-8b"]}
+ALONE = {"seq_len": [8192, 131072], "link_GBps": list(LINKS)}
 
 
 def explore(**defaults):

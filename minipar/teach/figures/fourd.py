@@ -14,8 +14,6 @@ from matplotlib.ticker import NullLocator
 
 from ...plan.config import ModelConfig
 from ...plan.costmodel import LLAMA3_CLUSTER, rules
-from ...plan.costmodel.calibration import held_out_runs, published_runs
-from ...plan.costmodel.evaluate import predict
 from ...plan.formulas.pipeline_parallel import bubble_fraction
 from ...trainer.grid import AXES, ProcessGrid
 from .. import replays
@@ -282,34 +280,6 @@ def dp_rule(dps=(8, 32, 128, 512), frameworks=DP_FRAMEWORKS):
                               for k, _, _, e in _pairs()})
     fig.axes[0].set_yscale("symlog", linthresh=0.01)
     return fig
-
-
-# ------------------------------------------------------------ the physics against published runs
-def plot_fit(published: list[float], predicted: list[float], held_published: list[float],
-             held_predicted: list[float], band: float = 3.0):
-    """Predicted against published MFU (%): the evaluation rows (filled; nothing is fitted
-    to them), the held-out runs (open), and the +-`band` points target."""
-    fig, ax = plt.subplots(figsize=(5.2, 5))
-    top = 5 * (max(published + predicted + held_published + held_predicted) // 5 + 1)
-    ax.fill_between([0, top], [-band, top - band], [band, top + band], color="0.9",
-                    label=f"within {band:g} points")
-    ax.plot([0, top], [0, top], color="0.5", lw=0.8)
-    ax.scatter(published, predicted, color=COLORS["dp"], label="evaluation rows", zorder=3)
-    ax.scatter(held_published, held_predicted, facecolors="none", edgecolors=COLORS["tp"],
-               label="the heatmap's other cells", zorder=3)
-    ax.set(xlim=(0, top), ylim=(0, top), xlabel="published MFU (%)", ylabel="predicted MFU (%)",
-           title="the cost model against published runs", aspect="equal")
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    return fig
-
-
-def fit_rule():
-    """`plot_fit` of `python -m minipar.costmodel.evaluate`: each row's and each other
-    heatmap cell's prediction over the published MFU."""
-    runs, held = published_runs(), held_out_runs()
-    return plot_fit([100 * r.mfu for r in runs], [100 * predict(r) for r in runs],
-                    [100 * r.mfu for r in held], [100 * predict(r) for r in held])
 
 
 # ------------------------------------------------------------------ Llama 3, replayed

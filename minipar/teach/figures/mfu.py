@@ -12,6 +12,7 @@ from matplotlib.patches import Rectangle
 
 from ...plan.config import ModelConfig
 from ...plan.costmodel import LLAMA3_CLUSTER, TABLE4, table4, wire_seconds
+from ...plan.costmodel.band import mfu_band
 from ...plan.costmodel.constants import NIC_BUSBW_FRACTION
 from ...plan.costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
 from ...plan.flops import attention_flops_per_token, dense_flops_per_token
@@ -20,27 +21,33 @@ from ..style import AXES, AXIS_NAMES, BLUE, COLORS, GREEN, ORANGE, PAGE_WIDTH, s
 
 
 def table4_figure(results=None):
-    """Published vs predicted MFU for the three rows of Llama 3's Table 4, with the
-    +-TOLERANCE point band the prediction must fall in. `results`: `costmodel.table4()` (computed if None)."""
+    """Published vs predicted MFU for the three rows of Llama 3's Table 4: each prediction to
+    the whole percent with its band (`costmodel.band.mfu_band`, the llama3 stack's) as an
+    error bar, and the +-TOLERANCE points around each published value. `results`:
+    `costmodel.table4()` (computed if None)."""
     results = results if results is not None else table4()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     xs = range(len(results))
     published = [100 * row.mfu for row, _ in results]
     predicted = [100 * est.mfu for _, est in results]
+    bands = [mfu_band(est.mfu, "llama3") for _, est in results]
     ax.bar([x - 0.2 for x in xs], published, 0.4, label="published (Llama 3, Table 4)",
            color=COLORS["reference"])
-    ax.bar([x + 0.2 for x in xs], predicted, 0.4, label="predicted (minipar.costmodel)",
+    ax.bar([x + 0.2 for x in xs], predicted, 0.4, label="predicted (minipar.costmodel), with its band",
            color=COLORS["compute"])
-    for x, p, q in zip(xs, published, predicted):
+    ax.errorbar([x + 0.2 for x in xs], predicted, fmt="none", ecolor="black", capsize=4, lw=1,
+                yerr=[[q - 100 * lo for q, (lo, _) in zip(predicted, bands)],
+                      [100 * hi - q for q, (_, hi) in zip(predicted, bands)]])
+    for x, p, q, (_, hi) in zip(xs, published, predicted, bands):
         ax.add_patch(Rectangle((x - 0.42, p - TOLERANCE), 0.84, 2 * TOLERANCE, fill=False, ls=":",
                                ec="black", lw=0.8))
         ax.text(x - 0.2, p + 0.4, f"{p:.0f}", ha="center", fontsize=9)
-        ax.text(x + 0.2, q + 0.4, f"{q:.1f}", ha="center", fontsize=9)
+        ax.text(x + 0.2, 100 * hi + 0.6, f"{q:.0f}", ha="center", fontsize=9)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"{row.gpus:,} GPUs\nTP{row.tp} CP{row.cp} PP{row.pp} DP{row.dp}\nseq {row.seq_len:,}"
                         for row, _ in results], fontsize=8)
     ax.set_ylabel("MFU (%)")
-    ax.set_ylim(0, 55)
+    ax.set_ylim(0, 60)
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(f"Llama 3 405B: one set of constants, three rows (dotted: ±{TOLERANCE:g} points)",
                  fontsize=10)
@@ -210,7 +217,8 @@ def plot_llama3_replayed_mfu():
     """The MFU of Table 4's first row four ways: published; replayed on H100s from the
     program of 32 gloo ranks (`teach.replays`, run "llama3"); the cost model told the same
     program (its gradients reduced in per-layer units); and the cost model's prediction of
-    the row under Llama 3's stack (`costmodel.table4`: balanced stages; nothing fitted)."""
+    the row under Llama 3's stack (`costmodel.table4`: balanced stages; nothing fitted). The
+    three that run the cost model's physics carry the llama3 stack's band."""
     bars = {"published\n(Table 4)": (TABLE4[0].mfu, COLORS["reference"]),
             "replayed\n(this program)": (replays.replayed("llama3").mfu, COLORS["pp"]),
             "cost model,\nthis program": (replays.estimated("llama3").mfu, COLORS["compute"]),
@@ -218,11 +226,16 @@ def plot_llama3_replayed_mfu():
     fig, ax = plt.subplots(figsize=(PAGE_WIDTH - 1.5, 2.8))
     for x, (label, (mfu, colour)) in enumerate(bars.items()):
         ax.bar(x, 100 * mfu, 0.6, color=colour)
-        ax.text(x, 100 * mfu + 0.8, f"{mfu:.0%}", ha="center", fontsize=8)
+        top = mfu
+        if x > 0:
+            low, top = mfu_band(mfu, "llama3")
+            ax.errorbar([x], [100 * mfu], yerr=[[100 * (mfu - low)], [100 * (top - mfu)]],
+                        fmt="none", ecolor="black", capsize=4, lw=1)
+        ax.text(x, 100 * top + 0.8, f"{mfu:.0%}", ha="center", fontsize=8)
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels(list(bars), fontsize=8)
     ax.set_ylabel("MFU (%)")
     ax.set_ylim(0, 65)
-    ax.set_title("Llama 3 405B, TP8 CP1 PP16 DP64 on 8,192 H100s", fontsize=9)
+    ax.set_title("Llama 3 405B, TP8 CP1 PP16 DP64 on 8,192 H100s (bars: the band)", fontsize=9)
     fig.tight_layout()
     return fig

@@ -11,6 +11,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from ...plan import traces
 from ...plan.formulas.pipeline_parallel import bubble_fraction
+from ...plan.dualpipe import comparison, dualpipev
 from ...plan.schedule_analysis import pipeline_events, timeline_from_events
 from ...plan.schedules import Timeline, make_schedule, simulate
 from .. import replays
@@ -94,6 +95,25 @@ def plot_named_schedule(name: str, p: int = 4, m: int = 8, v: int = 1, t_f: floa
     return plot_schedule(tl, ax=ax, title=title or (
         f"{name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")
         + f": bubble {tl.bubble_fraction:.1%} (simulated)"))
+
+
+def plot_dualpipe(p: int = 4, m: int = 8, t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0):
+    """DualPipeV's timeline on p ranks (the V's way back in lighter shades), and its bubble and
+    peak activations beside 1F1B's and ZB-H1's on the same ranks and model
+    (`dualpipe.comparison`)."""
+    fig = plt.figure(figsize=(PAGE_WIDTH, 0.5 * p + 3.6))
+    grid = fig.add_gridspec(2, 2, height_ratios=[0.5 * p + 1.2, 2.2])
+    top, left, right = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    tl = simulate(dualpipev(p, m), t_f, t_b, t_w)
+    plot_schedule(tl, ax=top, title=f"DualPipeV, p = {p} ranks (2p = {2 * p} stages), m = {m}: "
+                  f"bubble {tl.bubble_fraction:.1%} (simulated)")
+    rows = comparison(p, m, t_f, t_b, t_w)
+    for ax, i, label in ((left, 0, "bubble fraction"), (right, 1, "peak activations (rank-layers)")):
+        ax.bar(list(rows), [v[i] for v in rows.values()], color=[GREY, COLORS["W"], COLORS["F"]])
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    return fig
 
 
 # ------------------------------------------------------------------ at H100 speed

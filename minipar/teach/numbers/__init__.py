@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from functools import cache
 
-from . import (cluster, collectives, context_parallel, data_parallel, failures, fourd, hf,
-               intro, llama3, memory, mfu, pipeline_parallel, tensor_parallel)
+from . import (accuracy, cluster, collectives, context_parallel, data_parallel, experts, failures,
+               fourd, hf, intro, llama3, memory, mfu, pipeline_parallel, tensor_parallel)
 from .core import EVIDENCE, Number, merge
 
 CHAPTERS = {m.__name__.rsplit(".", 1)[1]: m for m in (
     intro, llama3, collectives, data_parallel, tensor_parallel, pipeline_parallel,
-    context_parallel, memory, fourd, mfu, failures, cluster, hf)}
+    context_parallel, experts, memory, fourd, mfu, failures, cluster, hf, accuracy)}
 
 
 @cache

@@ -35,6 +35,7 @@ from ...plan.costmodel.band import band_note, mfu_band
 
 EVIDENCE = {
     "paper": "reported by the Llama 3 paper",
+    "deepseek": "reported by the DeepSeek-V3 technical report (DeepSeek-AI 2024, arXiv 2412.19437)",
     "derived": "derived by this book from what the paper reports",
     "assumption": "an assumption of this book: the paper does not say",
     "measured": "measured on the hardware: a data sheet, a benchmark run here, nccl-tests or NCCL's own model",
@@ -57,6 +58,10 @@ QUANTITIES = {
 }
 
 
+# The software stacks besides Llama 3's under which the MFU chapter predicts Table 4's row 1
+# (a stack added to the cost model for another chapter is not one of them until it says so).
+ROW1_STACKS = ("deepspeed", "megatron", "nanotron", "nemo", "torchtitan")
+
 # The scenarios cost-model numbers are computed for: a name, and what it is. A what-if
 # (a configuration the book shows on purpose, not the run it reads Llama 3 as) says so.
 SCENARIOS = {
@@ -78,8 +83,12 @@ SCENARIOS = {
     "table4-nic-sweep": "what-if: Table 4 under Llama 3's stack at each NIC bus bandwidth "
                         "(costmodel.table4.nic_sensitivity)",
     "pp-replay-8b": "the cost model given the 8B pipeline replays' layouts (replays.estimated)",
+    "deepseek-v3": "DeepSeek-V3's published run under its own stack (python -m minipar.costmodel "
+                   "--preset deepseek-v3: H800s, PP16 EP64 DP128 ZeRO-1, 4K tokens, DualPipe priced as zb)",
+    "deepseek-v3-hot-expert": "what-if: DeepSeek-V3's published run with one expert of every layer "
+                              "at twice the mean load (--moe-imbalance 2)",
     **{f"row1-stack-{fw}": f"what-if: Table 4 row 1 under {fw}'s stack (costmodel.table4('{fw}'))"
-       for fw in ("deepspeed", "megatron", "nanotron", "nemo", "torchtitan")},
+       for fw in ROW1_STACKS},
 }
 
 

@@ -1,35 +1,34 @@
 """The numbers the fourd chapter states (book/fourd.md), computed once.
 
-The evaluation's errors are `python -m minipar.costmodel.evaluate`'s (nothing is fitted:
-the constants are the hardware's, `costmodel.constants`). The rules' numbers are
-`costmodel.rules`' and the worked examples the planner's. Table 4's rows as the cost model
-predicts them are `numbers.mfu`'s, the paper's facts `numbers.llama3`'s.
+The chapter opens with the method by hand: each axis's inequality worked from
+`plan.formulas`, `plan.flops` and four measured speeds (`_by_hand`), before any prediction.
+The rules' numbers are `costmodel.rules`', the worked examples the planner's, the band's rows
+`costmodel.band`'s. The evaluation's errors are `numbers.accuracy`'s (the appendix "How good
+is the cost model"), Table 4's rows as the cost model predicts them `numbers.mfu`'s, the
+paper's facts `numbers.llama3`'s.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 from ...plan import costmodel as cm
 from ...plan.config import ModelConfig, ParallelConfig
 from ...plan.costmodel import rules
 from ...plan.costmodel.band import MIN_ROWS, band_errors
-from ...plan.costmodel.calibration import (MFU_FLOOR, PLAYBOOK_MODELS, flop_count_agreement,
-                                           heatmap_cells, held_out_runs, nemo_runs,
-                                           playbook_flops_ratio, playbook_mfu_ratios,
-                                           playbook_runs)
-from ...plan.costmodel.evaluate import (MEAN_TARGET, WORST_TARGET, by_source, evaluated_runs,
-                                        layout_order, order_kept, residuals,
-                                        summary as evaluate_summary)
+from ...plan.costmodel.constants import CAUSAL_FRACTION, NIC_BUSBW_FRACTION, NVLINK_BUSBW_FRACTION
 from ...plan.costmodel.planner import (MEMORY_HEADROOM, MIN_TOKENS_PER_CP_RANK, describe,
                                        memory_budget_gb, plan)
-from ...plan.flops import flops_per_token, param_count
+from ...plan.flops import attention_flops_per_token, flops_per_token, layer_param_count, param_count
+from ...plan.formulas.collectives import wire_bytes
+from ...plan.formulas.context_parallel import cp_kv_bytes, cp_layer_bytes
+from ...plan.formulas.pipeline_parallel import pp_bytes
+from ...plan.formulas.tensor_parallel import tp_layer_bytes
 from ...plan.memory import BF16_MIXED
 from .core import Number, assumed, derived, in_scenario, predicted
 from .llama3 import HBM_BYTES
 
-_EVAL = "python -m minipar.costmodel.evaluate"
 _RULES = "costmodel.rules on Llama 3's cluster"
-_HELD = "evaluate.residuals of calibration.held_out_runs()"
 _PLAN = "costmodel.planner.plan"
 L405 = "llama3-405b"
 # The notebook's planning exercise (`exercises.fourd.check_plan` takes these as its defaults):
@@ -57,65 +56,115 @@ PLAN_EXERCISE = dict(model="llama3-70b", gpu="h100", gpus=256, seq_len=8192,
 
 
 def numbers() -> dict[str, Number]:
-    return {**_fit(), **_sources(), **_band(), **_held_out(), **_layout_order(), **_rule1(),
-            **_headroom(), **_rules(), **_plans(), **_exercise()}
+    return {**_by_hand(), **_band(), **_rule1(), **_headroom(), **_rules(), **_plans(),
+            **_exercise()}
 
 
-def _fit() -> dict[str, Number]:
-    """Every evaluation row's error, row by row (1-15): `python -m minipar.costmodel.evaluate`."""
-    runs = cm.published_runs()
-    res = residuals(runs)
-    summary = evaluate_summary(runs, res)
-    out = {"n_runs": Number(len(res), source=_EVAL),
-           "mean_target": Number(MEAN_TARGET, "{:g}", source="issue 26's target"),
-           "worst_target": Number(WORST_TARGET, "{:g}", source="issue 26's target"),
-           "n_constants": Number(len(cm.all_constants()), source="python -m minipar.costmodel constants"),
+# ------------------------------------------------------------------ the method, by hand
+# Each axis's inequality, worked with a pencil: bytes from `plan.formulas`, FLOPs from
+# `plan.flops`, and four measured speeds, nothing else (no kernel curves, no latencies, no
+# overlap windows: those are the cost model's). The 4D chapter opens with them.
+_HAND = "by hand: plan.formulas and plan.flops at the measured speeds"
+BUBBLE_BUDGET = 0.1          # the PP inequality's bubble: a tenth of the step
 
-           "within5": Number(sum(abs(r) <= 5 for r in res), source=_EVAL),
-           "mean_res": Number(summary["mean_abs_error"], "{:.1f}", source=_EVAL),
-           "worst_res": Number(summary["worst_abs_error"], "{:.1f}", source=_EVAL),
-           "worst_res_kept": Number(summary["worst_abs_error_not_memory_bound"], "{:.1f}", source=_EVAL)}
-    out.update(_flop_count())
-    out.update(_same_layout_gap())
-    for i, (run, r) in enumerate(zip(runs, res), 1):
-        pc = run.parallel
-        layout = " ".join(f"{a.upper()}{getattr(pc, a)}" for a in ("tp", "cp", "pp", "dp")
-                          if getattr(pc, a) > 1)
-        name = "Llama 3 405B" if run.source.startswith("llama3") else run.model.name
-        seq = f", {run.work.seq_len // 1024}K" if run.work.seq_len > 8192 else ""
-        out[f"run_{i}"] = Number(f"{name}, {pc.world_size:,} GPUs, {layout}{seq}", "{}",
-                                 source="published_runs.csv")
-        out[f"gpus_{i}"] = Number(pc.world_size, source="published_runs.csv")
-        out[f"model_{i}"] = Number(run.model.name, "{}", source="published_runs.csv")
-        out[f"dp_{i}"] = Number(pc.dp, source="published_runs.csv")
-        out[f"pub_{i}"] = Number(100 * run.printed_mfu, "{:.1f}", source="published_runs.csv")
-        out[f"ours_{i}"] = Number(100 * run.mfu, "{:.1f}",
-                                  source="published_runs.csv / calibration.playbook_flops_ratio")
-        out[f"res_{i}"] = Number(r, "{:+.1f}", source=_EVAL)
+
+@dataclass(frozen=True)
+class Speeds:
+    """The by-hand method's four speeds, per GPU: the GEMMs' FLOP/s (the best measured
+    fraction of peak), the attention kernel's on a CP rank's chunk, and bytes/s inside a
+    server (NVLink) and across servers (one NIC), nccl-tests' bus bandwidths."""
+    flops: float
+    attention: float
+    nvlink: float
+    nic: float
+
+
+def speeds(cluster=cm.LLAMA3_CLUSTER, attention: str = "attention.cudnn_cp_chunk") -> Speeds:
+    c = cm.all_constants()
+    return Speeds(c["gemm.max_fraction"].value * cluster.peak_flops, c[attention].value * 1e12,
+                  NVLINK_BUSBW_FRACTION * cluster.intra_node_GBps * 1e9,
+                  NIC_BUSBW_FRACTION * cluster.inter_node_GBps * 1e9)
+
+
+def tp_by_hand(model: ModelConfig, t: int, link: float, v: Speeds, tokens: int = 8192) -> float:
+    """TP's seconds over its matmuls' in one block, forward and backward (sequence parallel:
+    the bytes of four all-reduces of the block's [tokens, h] activations in bf16, at `link`
+    bytes/s; 6 FLOPs per weight and token, over t GPUs): below 1 collective matmul can hide it."""
+    comm = tp_layer_bytes(tokens, model.dim, t, 2, sp=True) / link
+    return comm / (6 * layer_param_count(model) * tokens / t / v.flops)
+
+
+def cp_by_hand(model: ModelConfig, seq: int, c: int, t: int, v: Speeds) -> float:
+    """All-gather CP's seconds over its attention's in one block: K and V of the rank's s/c
+    tokens and n_kv/t heads gathered, their gradients reduce-scattered, across servers; the
+    causal half of attention's 12 h s FLOPs per token on the rank's s/c tokens and 1/t heads."""
+    kv = cp_kv_bytes(seq // c, model.n_kv_heads // t, model.head_dim, 2)
+    comm = cp_layer_bytes(kv, c, "allgather") / v.nic
+    flops = CAUSAL_FRACTION * attention_flops_per_token(model, seq) / model.n_layers * seq / c / t
+    return comm / (flops / v.attention)
+
+
+def pp_by_hand(model: ModelConfig, t: int, v: Speeds, tokens: int = 8192) -> float:
+    """A pipeline send (one chunk boundary, one micro-batch, its 1/t under SP, across servers)
+    over the forward of a one-layer chunk it hides behind."""
+    send = pp_bytes(tokens, model.dim, 2, 1, 2, stage=0, sp_tp=t) / v.nic
+    return send / (2 * layer_param_count(model) * tokens / t / v.flops)
+
+
+def reduce_scatter_by_hand(model: ModelConfig, t: int, p: int, group: int, v: Speeds) -> float:
+    """Seconds of one fp32 reduce-scatter of a rank's N/(t p) gradients over the dp x cp
+    group, through one NIC (the group has one GPU per server)."""
+    return wire_bytes("reduce_scatter", group, int(4 * param_count(model) / (t * p))) / v.nic
+
+
+def dp_by_hand(model: ModelConfig, seq: int, t: int, c: int, p: int, group: int, v: Speeds) -> float:
+    """ZeRO-2 as Llama 3 runs it: one micro-batch's fp32 reduce-scatter
+    (`reduce_scatter_by_hand`) over that micro-batch's compute on the rank, all its FLOPs at
+    the GEMMs' speed."""
+    rs = reduce_scatter_by_hand(model, t, p, group, v)
+    return rs / (flops_per_token(model, seq) * seq / (t * c * p) / v.flops)
+
+
+def microbatches_for(p: int, budget: float = BUBBLE_BUDGET) -> float:
+    """v m at which the interleaved bubble (p-1)/(v m + p-1) is `budget`: (p-1)(1 - b)/b."""
+    return (p - 1) * (1 - budget) / budget
+
+
+def _crossing(ratio, budget: float, xs) -> int:
+    """The first x at which a falling `ratio(x)` is at or under `budget`."""
+    return next(x for x in xs if ratio(x) <= budget)
+
+
+def _by_hand() -> dict[str, Number]:
+    """The four inequalities worked for Llama 3 405B on Table 4's layouts."""
+    m, v, src = ModelConfig.preset(L405), speeds(), _HAND
+    tp_nvl, tp_nic = tp_by_hand(m, 8, v.nvlink, v), tp_by_hand(m, 8, v.nic, v)
+    cp = cp_by_hand(m, 131072, 16, 8, v)
+    row = [cm.TABLE4_BATCH_TOKENS // (r.seq_len * r.dp) for r in cm.TABLE4]      # m per DP rank
+    dp = [dp_by_hand(m, r.seq_len, r.tp, r.cp, r.pp, r.dp * r.cp, v) for r in cm.TABLE4]
+    dp_s_star = _crossing(lambda s: dp_by_hand(m, s, 8, 1, 16, 64, v), 1.0, range(1024, 65537, 256))
+    out = {"hand_c": derived(layer_param_count(m) / m.dim ** 2, "{:.1f}", source="flops.layer_param_count / h^2"),
+           "hand_flops": Number(v.flops / 1e12, "{:.0f} TFLOP/s", source="gemm.max_fraction x the H100's peak"),
+           "hand_tp8": Number(tp_nvl, "{:.0%}", source=src),
+           "hand_tp8_h": Number(tp_nvl * m.dim, "{:,.0f}", source=src + ": h x the ratio (N_layer = c h^2)"),
+           "hand_tp8_nic": Number(tp_nic, "{:.1f}", source=src + ", one NIC per GPU"),
+           "hand_tp8_nic_h": Number(tp_nic * m.dim, "{:,.0f}", source=src + ", one NIC per GPU"),
+           "hand_cp16": Number(cp, "{:.0%}", source=src + ", 128K, CP16 after TP8"),
+           "hand_cp16_s": Number(cp * 131072, "{:,.0f}", source=src + ": s x the ratio"),
+           "hand_cp16_8k": Number(cp_by_hand(m, 8192, 16, 8, v), "{:.0%}", source=src + ", 8K, CP16"),
+           "hand_pp_send": Number(pp_by_hand(m, 8, v), "{:.0%}", source=src),
+           "hand_vm": Number(microbatches_for(cm.TABLE4[0].pp), "{:.0f}", source="(p-1)(1-b)/b at b = 10%"),
+           "bubble_budget": Number(BUBBLE_BUDGET, "{:.0%}", source="the PP inequality's budget"),
+           "hand_dp_s": Number(dp_s_star, "{:,}", source=src + ": tokens per micro-batch where the ratio is 1"),
+           "hand_dp_over": Number(dp_s_star / cm.TABLE4[0].seq_len, "{:.1f}", source=src + ": over 8K")}
+    for i, (r, mb, ratio) in enumerate(zip(cm.TABLE4, row, dp), 1):
+        chunks = r.parallel().virtual_stages
+        out.update({f"hand_row{i}_vm": Number(chunks * mb, "{:,}", source="chunks per rank x micro-batches"),
+                    f"hand_row{i}_dp": Number(ratio, "{:.1f}", source=src)})
     return out
 
 
-# The evaluation's sources (`PublishedRun.source`), by the short name their keys use.
-SOURCES = {"llama3-paper-table4": "table4", "ultrascale-playbook-heatmap": "playbook",
-           "nvidia-dgxc-benchmarking": "nemo"}
 BAND_KINDS = ("llama3", "nanotron", "nemo", "all")     # the stacks the chapter states, and all
-
-
-def _sources() -> dict[str, Number]:
-    """Each evaluation source's summary (`evaluate.evaluation()["sources"]`: `by_source` of
-    every row, NeMo's recipes included), over the rows that are not memory-bound."""
-    runs = evaluated_runs()
-    src = _EVAL + ": evaluation()['sources']"
-    out = {"n_nemo": Number(len(nemo_runs()), source="data/nemo_recipes.csv, calibration.nemo_runs"),
-           "n_evaluated": Number(len(runs), source="evaluate.evaluated_runs")}
-    for source, s in by_source(runs, residuals(runs)).items():
-        name = SOURCES.get(source, source.split("-")[0])
-        out.update({f"src_{name}_rows": Number(s["rows_not_memory_bound"], source=src),
-                    f"src_{name}_mean": Number(s["mean_abs_error"], "{:.1f}", source=src),
-                    f"src_{name}_bias": Number(s["mean_signed_error"], "{:+.1f}", source=src),
-                    f"src_{name}_worst": Number(s["worst_abs_error_not_memory_bound"], "{:.1f}",
-                                                source=src)})
-    return out
 
 
 def _band() -> dict[str, Number]:
@@ -129,77 +178,6 @@ def _band() -> dict[str, Number]:
         out.update({f"band_{kind}_rows": Number(len(errors), source=src),
                     f"band_{kind}_min": Number(min(errors), "{:+.1f}", source=src),
                     f"band_{kind}_max": Number(max(errors), "{:+.1f}", source=src)})
-    return out
-
-
-def published_step_seconds(run) -> float:
-    """A published run's step time, read back from its MFU (in minipar's FLOP count)."""
-    tokens = run.work.global_batch * run.work.seq_len
-    return tokens * flops_per_token(run.model, run.work.seq_len) / (
-        run.parallel.world_size * run.mfu * run.cluster.peak_flops)
-
-
-def _same_layout_gap() -> dict[str, Number]:
-    """The 80B model's PP16 x TP4 replica, alone on 64 GPUs and four of them on 256: the
-    published seconds per pipeline slot (m + p - 1 of them per step) of each."""
-    runs = [r for r in cm.published_runs() if r.model.name == "80B" and r.parallel.pp == 16]
-    alone, four = sorted(runs, key=lambda r: r.parallel.dp)
-    slot = [published_step_seconds(r) / (r.parallel.microbatches + r.parallel.pp - 1) for r in (alone, four)]
-    src = "published_runs.csv: published step / (m + p - 1)"
-    return {"slot_80b_alone_s": Number(slot[0], "{:.3f} s", source=src),
-            "slot_80b_four_s": Number(slot[1], "{:.3f} s", source=src),
-            "slot_80b_slower": Number(slot[0] / slot[1] - 1, "{:.0%}", source=src)}
-
-
-def _flop_count() -> dict[str, Number]:
-    """How the Playbook's printed MFU compares with minipar's count over all its runs."""
-    src = "data/playbook_runs.csv: printed MFU over tokens/s x flops_per_token / 989.5 TFLOP/s"
-    tol = 0.02
-    return {"conv_runs": Number(len(playbook_mfu_ratios()), source=src),
-            "conv_tol": Number(tol, "{:.0%}", source="the agreement asked for"),
-            "conv_floor": Number(MFU_FLOOR, "{:.0%}",
-                                 source="calibration.playbook_mfu_ratios' floor"),
-            "conv_within": derived(flop_count_agreement(tol), "{:.0%}", source=src),
-            "conv_plain": derived(flop_count_agreement(tol, corrected=False), "{:.0%}", source=src),
-            "conv_134_pp2": derived(playbook_flops_ratio(PLAYBOOK_MODELS["1.34B"], 2, 4096),
-                                    "{:.2f}", source="calibration.playbook_flops_ratio")}
-
-
-def _layout_order() -> dict[str, Number]:
-    """The Playbook figure's layouts, ranked per model and cluster size by the model."""
-    order = layout_order(playbook_runs())
-    src = "evaluate.layout_order over calibration.playbook_runs()"
-    return {"lo_runs": Number(order["runs"], source=src),
-            "lo_groups": Number(order["groups"], source=src),
-            "lo_pairs": Number(order["pairs_in_order"], "{:.0%}", source=src),
-            "lo_best": Number(order["first_pick_best"], source=src),
-            "lo_half": Number(order["first_pick_below_half"], source=src)}
-
-
-def _held_out() -> dict[str, Number]:
-    """The heatmap's cells the fit never reads: how far off, and in what order; the two
-    worst; and the memory the 80B on 32 GPUs printed beside a cell that ran well."""
-    held = held_out_runs()
-    err = residuals(held)      # 14 estimates: as the notebook prints them
-    order = order_kept(held, err)
-    worst = sorted(range(len(held)), key=lambda i: -abs(err[i]))[:2]
-    src = "playbook_heatmap.csv (nanotron's docs/benchmark_summary.svg)"
-    cells = {(r.model.name, r.parallel.world_size): (r, gb) for r, gb in heatmap_cells()}
-    out = {"n_held": Number(len(held), source=src),
-           "n_cells": Number(len(cells), source=src),
-           "held_mean": Number(sum(map(abs, err)) / len(err), "{:.1f}", source=_HELD),
-           "held_worst": Number(max(map(abs, err)), "{:.1f}", source=_HELD),
-           "held_order": Number(order, "{:.0%}", source=_HELD + ", evaluate.order_kept")}
-    for k, i in enumerate(worst, 1):
-        pc = held[i].parallel
-        out[f"held_bad_{k}"] = Number(f"{held[i].model.name} on {pc.world_size} GPUs, "
-                                      f"TP{pc.tp} DP{pc.dp}", "{}", source=src)
-        out[f"held_bad_{k}_err"] = Number(err[i], "{:+.1f}", source=_HELD)
-    top = max(cells, key=lambda k: cells[k][1])
-    out.update({"mem_80b_32": Number(cells[("80B", 32)][1], "{:.1f} GB", source=src),
-                "mem_top": Number(cells[top][1], "{:.1f} GB", source=src),
-                "mem_top_run": Number(f"{top[0]} on {top[1]} GPUs", "{}", source=src),
-                "mem_top_mfu": Number(100 * cells[top][0].mfu, "{:.1f}", source=src)})
     return out
 
 
@@ -240,11 +218,6 @@ def _rules() -> dict[str, Number]:
 TP_BUDGET = 0.2
 DP_FRAMEWORKS = ("llama3", "megatron", "nanotron")
 DP_RULE_BATCH = 1024             # sequences of 8K per step in the DP rule's plot
-
-
-def _crossing(ratio, budget: float, xs) -> int:
-    """The first x at which a falling `ratio(x)` is at or under `budget`."""
-    return next(x for x in xs if ratio(x) <= budget)
 
 
 def dp_rule_share(dp: int, framework: str) -> float:

@@ -7,6 +7,7 @@ The published side of the table is `numbers.llama3`'s (`row<i>_mfu`, `row<i>_tfl
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 from ...plan import costmodel as cm
@@ -15,9 +16,13 @@ from ...plan.costmodel.scenario import Scenario
 from ...plan.costmodel.table4 import TOLERANCE, nic_sensitivity, nic_window
 from ...plan.costmodel.time import dp_terms, microbatch_seconds
 from ...plan.datasheets import SHEETS
+from ...plan.costmodel.constants import CAUSAL_FRACTION
 from ...plan.flops import attention_flops_per_token, dense_flops_per_token, flops_per_token
+from ...plan.formulas.pipeline_parallel import bubble_fraction
 from ...runtime.topology import straddling_replicas
-from .core import Number, derived, in_scenario, measured, predicted
+from .. import replays
+from .core import ROW1_STACKS, Number, derived, in_scenario, measured, predicted
+from .fourd import cp_by_hand, reduce_scatter_by_hand, speeds, tp_by_hand
 
 _CM = "cost model (costmodel.table4), Table 4 row {}"
 _PARTS = ("compute", "tp", "cp", "bubble", "pp", "dp", "optimizer")
@@ -171,9 +176,7 @@ def _constants() -> dict[str, Number]:
     out["nanotron_bucket_mb"] = Number(cm.FRAMEWORKS["nanotron"].bucket, "{:g} MB",
                                        source=cm.FRAMEWORKS["nanotron"].sources["bucket"])
     out["n_runs"] = Number(len(cm.published_runs()), "{}", source="costmodel/data/published_runs.csv")
-    for name in cm.FRAMEWORKS:
-        if name == "llama3":
-            continue        # Llama 3's own stack: row1_mfu_model, one estimate, one key
+    for name in ROW1_STACKS:     # Llama 3's own stack: row1_mfu_model, one estimate, one key
         e = _table4(name)[0][1]
         out.update(in_scenario({f"row1_mfu_{name}": predicted(e.mfu, name, f"costmodel.table4('{name}'), row 1",
                                                            "derived")}, f"row1-stack-{name}"))
@@ -259,6 +262,51 @@ def _search() -> dict[str, Number]:
     return in_scenario(out, "search-8k")
 
 
+def step_by_hand(row) -> tuple[float, float]:
+    """(what the GPU must do, what its NIC must do) in seconds per step, for a row of Table 4
+    by hand (the 4D chapter's inequalities, `numbers.fourd`): the matmuls at the GEMMs' best
+    speed, the causal half of attention at the measured kernel's, TP's exposed time
+    (`tp_by_hand`), the all-gather CP's (`cp_by_hand`), stretched by the bubble; and every
+    micro-batch's fp32 reduce-scatter (`reduce_scatter_by_hand`)."""
+    m, seq, t, c, p = ModelConfig.preset(L405), row.seq_len, row.tp, row.cp, row.pp
+    v = speeds(attention="attention.cudnn_cp_chunk" if c > 1 else "attention.cudnn_8k")
+    mb = cm.TABLE4_BATCH_TOKENS // (seq * row.dp)
+    dense = dense_flops_per_token(m) * seq / (t * c * p) / v.flops
+    att = CAUSAL_FRACTION * attention_flops_per_token(m, seq) * seq / (t * c * p) / v.attention
+    exposed = tp_by_hand(m, t, v.nvlink, v) * dense + (cp_by_hand(m, seq, c, t, v) * att if c > 1 else 0.0)
+    gpu = mb * (dense + att + exposed) / (1 - bubble_fraction("interleaved", p, mb, row.parallel().virtual_stages))
+    return gpu, mb * reduce_scatter_by_hand(m, t, p, row.dp * c, v)
+
+
+def _bound(gpu: float, nic: float) -> str:
+    """Which resource sets a by-hand step: within 5% of each other, both."""
+    if abs(gpu - nic) <= 0.05 * max(gpu, nic):
+        return "the GPUs and the NICs alike"
+    return "the NICs" if nic > gpu else "the GPUs"
+
+
+def _by_hand() -> dict[str, Number]:
+    """Table 4 by hand: each row's step is at least what its GPUs or its NICs must do
+    (`step_by_hand`), and the MFU of that step is a ceiling, not a prediction."""
+    m, out, src = ModelConfig.preset(L405), {}, "by hand: mfu.step_by_hand"
+    for i, row in enumerate(cm.TABLE4, 1):
+        gpu, nic = step_by_hand(row)
+        mfu = cm.TABLE4_BATCH_TOKENS * flops_per_token(m, row.seq_len) / (
+            row.gpus * cm.LLAMA3_CLUSTER.peak_flops * max(gpu, nic))
+        out.update({f"hand_row{i}_gpu_s": Number(gpu, "{:.1f} s", source=src),
+                    f"hand_row{i}_nic_s": Number(nic, "{:.1f} s", source=src),
+                    f"hand_row{i}_bound": Number(_bound(gpu, nic), "{}", source=src),
+                    f"hand_row{i}_mfu": Number(mfu, "{:.0%}", source=src + ": a ceiling")})
+    return out
+
+
+def _replayed() -> dict[str, Number]:
+    """The replay's MFU of Table 4's first row (`teach.replays`, run "llama3"), quoted as a
+    cost-model MFU is, with the llama3 stack's band: its physics is the cost model's."""
+    mfu = predicted(replays.replayed("llama3").mfu, "llama3", "replays.replayed('llama3')", "derived")
+    return {"l3_replayed_mfu": replace(mfu, recorded=True)}
+
+
 def numbers() -> dict[str, Number]:
-    return {**_table4_numbers(), **_nic_window(), **_dp_reductions(), **_flops(), **_placement(),
+    return {**_by_hand(), **_replayed(), **_table4_numbers(), **_nic_window(), **_dp_reductions(), **_flops(), **_placement(),
             **_tiny_bytes(), **_constants(), **_memory(), **_search()}

@@ -36,8 +36,8 @@ class Bucket:
     that is all-reduced in place, with no copy in or out.
     """
 
-    def __init__(self, params: list[nn.Parameter]):
-        self.params = params
+    def __init__(self, params: list[nn.Parameter], axis: comm.Axis):
+        self.params, self.axis = params, axis
         self.numels = [p.numel() for p in params]
         self.flat = torch.zeros(sum(self.numels), dtype=params[0].dtype, device=params[0].device)
         self.ready = 0            # gradients accumulated so far in this backward
@@ -97,8 +97,12 @@ class DataParallel:
     # every rank of the group holds whole parameters and whole, equal gradients
     holds_replicas = True
 
-    def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0):
+    def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0,
+                 axis_of=None):
         self.axis, self.n, self.rank = axis, axis.size, axis.rank
+        # the group each parameter's gradient is summed over: `axis`, but an expert's over
+        # the ranks holding the same experts (`parallelize.data_parallel`)
+        self.axis_of = axis_of or (lambda p: axis)
         self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
         self.naive = bucket_mb == 0    # no hooks: every collective launched after the backward
         self.sync = True
@@ -113,12 +117,19 @@ class DataParallel:
 
     def _make_buckets(self, modules, bucket_mb) -> list:
         # buckets never span two modules (pipeline chunks): each chunk's last backward
-        # comes at its own time, and a bucket must be complete when it is launched
-        return [self._bucket(group) for m in modules for group in
-                make_buckets([p for p in m.parameters() if p.requires_grad], bucket_mb)]
+        # comes at its own time, and a bucket must be complete when it is launched; nor two
+        # groups (experts' and the rest's), which reduce over different ranks
+        return [self._bucket(group, axis) for m in modules for axis, params in self._by_axis(m)
+                for group in make_buckets(params, bucket_mb)]
 
-    def _bucket(self, params: list[nn.Parameter]) -> Bucket:
-        return Bucket(params)
+    def _by_axis(self, module: nn.Module) -> list[tuple[comm.Axis, list[nn.Parameter]]]:
+        groups = {}
+        for p in (p for p in module.parameters() if p.requires_grad):
+            groups.setdefault(self.axis_of(p).name, (self.axis_of(p), []))[1].append(p)
+        return list(groups.values())
+
+    def _bucket(self, params: list[nn.Parameter], axis: comm.Axis) -> Bucket:
+        return Bucket(params, axis)
 
     # -- gradient synchronisation --------------------------------------------------------
     def start_step(self):
@@ -144,7 +155,7 @@ class DataParallel:
                 g.copy_(p.grad)         # someone replaced .grad: take it back
             p.grad = g
         with events.inside(bucket=self.buckets.index(b)):
-            b.pending = comm.all_reduce(b.flat, self.axis, async_op=True)
+            b.pending = comm.all_reduce(b.flat, b.axis, async_op=True)
 
     def _finish(self, b: Bucket) -> torch.Tensor | None:
         """Wait for bucket b's collective, if one is in flight; return its result (the

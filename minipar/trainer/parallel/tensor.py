@@ -45,7 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..model import cross_entropy_sum
+from ..model import MoE, cross_entropy_sum
 from . import regions
 from .collective_matmul import (SEQ_DIM, CollectiveColumnParallelLinear,
                                 CollectiveRowParallelLinear, enter_by_collective_matmul)
@@ -110,9 +110,9 @@ class ColumnParallelLinear(nn.Module):
     x is already in the TP region: the plan entered it (f, or the SP all-gather) once for
     every layer that reads it (q, k, v; gate, up), not once per matrix (`entered`)."""
 
-    def __init__(self, linear: nn.Linear, axis: comm.Axis):
+    def __init__(self, linear: nn.Linear, axis: comm.Axis, dim: int = 0):
         super().__init__()
-        self.weight = shard_param(linear.weight, axis, dim=0)
+        self.weight = shard_param(linear.weight, axis, dim=dim)
         self.bias = shard_param(linear.bias, axis, dim=0) if linear.bias is not None else None
 
     def forward(self, x):
@@ -217,6 +217,13 @@ TP_PLAN: tuple[tuple[str, str], ...] = (
     ("layers.*.mlp.gate_proj",            "colwise"),
     ("layers.*.mlp.up_proj",              "colwise"),
     ("layers.*.mlp.down_proj",            "rowwise"),
+    # a mixture of experts: every expert split like the MLP, the shared ones too, each
+    # output a partial sum that the block sums once on leaving (`entered`)
+    ("layers.*.mlp.gate",                 "router"),
+    ("layers.*.mlp.experts",              "experts"),
+    ("layers.*.mlp.shared_experts.gate_proj", "colwise"),
+    ("layers.*.mlp.shared_experts.up_proj",   "colwise"),
+    ("layers.*.mlp.shared_experts.down_proj", "row_partial"),
     ("norm",                              "replicated"),
     ("lm_head",                           "head"),
 )
@@ -235,8 +242,25 @@ def replicated(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
 
 def entered(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
     """`module`'s input enters the TP region before its forward runs, once for all the
-    column-parallel layers inside that read it."""
+    column-parallel layers inside that read it. A MoE block leaves it too: its experts'
+    partial outputs, routed and shared, added up first, are summed over TP once."""
     module.register_forward_pre_hook(lambda mod, args: (enter_tp(args[0], axis, sp), *args[1:]))
+    if isinstance(module, MoE):
+        module.register_forward_hook(lambda mod, args, out: exit_tp(out, axis, sp))
+    return module
+
+
+def router(module: nn.Linear, axis: comm.Axis, sp: bool) -> nn.Linear:
+    """The router's weight is whole on every rank, which routes alike; its gradient comes
+    through the experts' partial outputs, so it is a partial sum: Partial()."""
+    place(module.weight, axis.name, Partial())
+    return module
+
+
+def experts(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
+    """Each expert split like the MLP: gate and up by output rows, down by input columns."""
+    for name, dim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
+        setattr(module, name, shard_param(getattr(module, name), axis, dim))
     return module
 
 
@@ -248,6 +272,10 @@ STYLES = {
     "colwise": lambda m, axis, sp: ColumnParallelLinear(m, axis),
     "rowwise": RowParallelLinear,
     "head": lambda m, axis, sp: entered(ColumnParallelLinear(m, axis), axis, sp),
+    "router": router,
+    "experts": experts,
+    # row-parallel without its own sum: the MoE block sums once (`entered`)
+    "row_partial": lambda m, axis, sp: ColumnParallelLinear(m, axis, dim=1),
 }
 # --tp-overlap: the same split, the collective matmul's layers (`collective_matmul`)
 OVERLAP_STYLES = STYLES | {

@@ -73,9 +73,9 @@ class ShardedBucket:
     each. A piece is a 1-D tensor; its `.grad`, once reduce-scattered, is this rank's piece
     of the summed gradient."""
 
-    def __init__(self, params: list[nn.Parameter], n: int, rank: int):
-        self.params = params
-        self.layout = FlatShards([p.shape for p in params], n)
+    def __init__(self, params: list[nn.Parameter], axis: comm.Axis):
+        self.params, self.axis, rank = params, axis, axis.rank
+        self.layout = FlatShards([p.shape for p in params], axis.size)
         self.ready = 0            # gradients accumulated so far in this backward
         self.pending = None       # the reduce-scatter in flight: a comm.Handle
         # views of the parameters: ZeRO-1/2 update the full parameter in place
@@ -96,19 +96,19 @@ class ZeRO1(DataParallel):
 
     holds_replicas = False
 
-    def _bucket(self, params: list[nn.Parameter]) -> ShardedBucket:
-        return ShardedBucket(params, self.n, self.rank)
+    def _bucket(self, params: list[nn.Parameter], axis: comm.Axis) -> ShardedBucket:
+        return ShardedBucket(params, axis)
 
     def _launch(self, b: ShardedBucket):
         grads = [p.grad if p.grad is not None else torch.zeros(s, dtype=p.dtype, device=p.device)
                  for p, s in zip(b.params, b.layout.shapes)]
         with events.inside(bucket=self.buckets.index(b)):
-            b.pending = comm.reduce_scatter(b.layout.pack(grads), self.axis, async_op=True)
+            b.pending = comm.reduce_scatter(b.layout.pack(grads), b.axis, async_op=True)
 
     def _finish(self, b: ShardedBucket):
         summed = super()._finish(b)
         if summed is not None:      # my slot of the sum: my piece of every gradient
-            for x, g in zip(b.pieces, b.layout.unpad_pieces(summed, self.rank)):
+            for x, g in zip(b.pieces, b.layout.unpad_pieces(summed, b.axis.rank)):
                 x.grad = g if x.grad is None else x.grad + g    # ZeRO-2: every micro-batch
 
     def finish_backward(self):
@@ -127,13 +127,13 @@ class ZeRO1(DataParallel):
         """This rank's piece of `p`: a view of it (ZeRO-1/2), or its only copy (ZeRO-3)."""
         b = self.bucket_of[p]
         i = next(i for i, q in enumerate(b.params) if q is p)
-        start, stop = b.layout.piece_range(i, self.rank)
+        start, stop = b.layout.piece_range(i, b.axis.rank)
         return Piece(b.layout.shapes[i], start, stop, b.pieces[i], b.pieces[i])
 
     def after_optimizer_step(self):
         """Each rank updated its pieces in place; everyone needs the whole model again."""
         for b in self.buckets:
-            packed = comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis)
+            packed = comm.all_gather(b.layout.pad_pieces(b.pieces), b.axis)
             for p, full in zip(b.params, b.layout.unpack(packed)):
                 p.data.copy_(full)
 
@@ -186,8 +186,10 @@ class ZeRO3(ZeRO2):
     (never naive).
     """
 
-    def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0):
-        super().__init__(modules, axis, bucket_mb=None)     # units, not megabytes
+    def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0,
+                 axis_of=None):
+        # units, not megabytes; every unit over `axis` (--zero 3 does not take --ep)
+        super().__init__(modules, axis, bucket_mb=None)
         for b in self.buckets:
             # the pieces become the only copy: the full parameters exist only while a unit runs
             b.pieces = [x.clone() for x in b.pieces]
@@ -209,7 +211,7 @@ class ZeRO3(ZeRO2):
             for u in zero3_units([m]):
                 mine = [p for p in u.parameters() if id(p) not in seen]
                 seen.update(map(id, mine))
-                chunk += [self._bucket(mine)] if mine else []
+                chunk += [self._bucket(mine, self.axis)] if mine else []
             for a, b in zip(chunk, chunk[1:]):
                 a.next, b.prev = b, a
             buckets += chunk
@@ -226,12 +228,12 @@ class ZeRO3(ZeRO2):
         if not self._gathered(b):  # (it may be whole: forward and backward back to back)
             prefetched, b.gathering = b.gathering, None     # in flight already, or None
             packed = (prefetched.wait() if prefetched is not None
-                      else comm.all_gather(b.layout.pad_pieces(b.pieces), self.axis))
+                      else comm.all_gather(b.layout.pad_pieces(b.pieces), b.axis))
             for p, full in zip(b.params, b.layout.unpack(packed)):
                 p.data = full
         if prefetch is not None and prefetch.gathering is None and not self._gathered(prefetch):
             prefetch.gathering = comm.all_gather(prefetch.layout.pad_pieces(prefetch.pieces),
-                                                 self.axis, async_op=True)
+                                                 prefetch.axis, async_op=True)
 
     def _after_forward(self, b: ShardedBucket, out):
         self._free_params(b)
