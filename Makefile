@@ -4,6 +4,8 @@
 # Both create .venv on first use. Also: make lab, make bench, make clean, and
 #   make test-html       open every page of the built book in headless Chromium (after make
 #                        book; needs Node and Chromium)
+#   make test-lab        run one notebook in JupyterLab in headless Chromium (needs Node and
+#                        Chromium)
 #   make test-notebooks  only the notebooks (CI runs them again on ATen's portable kernels)
 #   make notebooks       re-run the notebooks and save their outputs (after editing one)
 
@@ -18,7 +20,7 @@ BOOK_FLAGS ?= -W --keep-going
 # Extra flags for pytest, e.g. `make test PYTEST_FLAGS="-m 'not slow'"`.
 PYTEST_FLAGS ?=
 
-.PHONY: venv test test-notebooks notebooks book test-html vendor-mathjax vendor-plotly lab bench clean distclean
+.PHONY: venv test test-notebooks notebooks book test-html test-lab vendor-mathjax vendor-plotly lab bench clean distclean
 
 venv: $(STAMP)
 
@@ -72,6 +74,20 @@ test-html: $(HTML_CHECK)/node_modules/.installed $(STAMP)
 	@test -f _build/html/index.html || { echo "no _build/html: run make book first"; exit 1; }
 	flock _build.lock node $(HTML_CHECK)/check.mjs _build/html _build/screens
 	flock _build.lock $(BIN)/python -m pytest $(HTML_CHECK) --confcutdir=$(HTML_CHECK) -q
+
+# The JupyterLab check: tests/html/lab.mjs runs the `make lab` above (as `make -C <tmp> -f
+# Makefile lab`, so that its notebooks/ is a temporary copy of one notebook: Run All and
+# saving never touch ours) headless on 127.0.0.1 with a token and autosave off, opens the
+# notebook in Debian's Chromium and fails when opening it marks it modified, a folded
+# solution shows more than "%%solution", Run All leaves an error, an exercise does not say
+# "Not answered yet", a solution shows more of its output than its "Solution: ..." line, or
+# the explorer takes over 2 s to redraw after its first slider moves (the median of three
+# new settings, and of three it drew before). It stops the server and its kernel however
+# it ends. collectives has the fastest Run All of the notebooks with an explorer and
+# solutions (12 s; fourd's takes 2 min): `make test-lab LAB_NB=notebooks/fourd.ipynb`.
+LAB_NB ?= notebooks/collectives.ipynb
+test-lab: $(HTML_CHECK)/node_modules/.installed $(STAMP)
+	node $(HTML_CHECK)/lab.mjs $(LAB_NB)
 
 $(HTML_CHECK)/node_modules/.installed: $(HTML_CHECK)/package.json $(HTML_CHECK)/package-lock.json
 	npm ci --prefix $(HTML_CHECK) --no-audit --no-fund

@@ -1,12 +1,18 @@
 """Every exercise check accepts the right answer, rejects a wrong one, and shrugs at None."""
+import ast
+import functools
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from minipar.teach import exercises as E
-from minipar.teach.exercises.core import number
+from minipar.teach.exercises.core import number, yours
+from minipar.teach.exercises.solution import SolutionFailed, passed_line
 from minipar.plan.config import ModelConfig
 from minipar.plan.flops import param_count
 from verdicts import Wrong, fresh_attempts, judged  # noqa: F401 (a fixture)
@@ -173,3 +179,97 @@ def test_a_prediction_within_a_factor_of_two_or_asked_sees_the_run(fresh_attempt
     shown = E.check_predict_step_bytes(None, measured=run, reveal=True)
     assert shown.ok is None and "1,234,567" in shown.message
     assert E.check_predict_step_bytes(None).ok is None         # nothing runs, nothing shown
+
+
+# ------------------------------------------------------------ worked solutions, %%solution
+NOTEBOOKS = sorted(Path(__file__).parent.parent.glob("notebooks/*.ipynb"))
+
+
+class Shell:
+    """What `load_ipython_extension` needs of IPython's shell: a namespace, the cell
+    transform and magic registration."""
+
+    def __init__(self, user_ns):
+        self.user_ns, self.magics = user_ns, {}
+
+    def transform_cell(self, cell):
+        return cell
+
+    def register_magic_function(self, func, magic_kind, magic_name):
+        self.magics[magic_kind, magic_name] = func
+
+
+def solution_magic(user_ns):
+    shell = Shell(user_ns)
+    E.load_ipython_extension(shell)
+    return shell.magics["cell", "solution"]
+
+
+RIGHT_SOLUTION = """# Solution: DP is the outermost axis, so its members are tp*cp*pp apart
+def dp_group(rank, tp, cp, pp, dp):
+    return [rank % (tp * cp * pp) + d * tp * cp * pp for d in range(dp)]
+prediction = 42
+print("the stride is tp*cp*pp")
+check_dp_group(dp_group)"""
+
+
+@pytest.mark.parametrize("last", ["check_dp_group(dp_group)", "assert check_dp_group(dp_group)"])
+def test_a_right_solution_prints_one_line_and_leaves_the_readers_answers(capsys, last):
+    mine = lambda *a: [0]                                          # noqa: E731 - the reader's
+    user_ns = {"check_dp_group": E.check_dp_group, "dp_group": mine, "prediction": None}
+    solution_magic(user_ns)("", RIGHT_SOLUTION.replace("check_dp_group(dp_group)", last))
+    assert capsys.readouterr().out == passed_line("check_dp_group") + "\n"
+    assert "stride" not in passed_line("check_dp_group") and "Correct" not in passed_line("check_dp_group")
+    assert user_ns == {"check_dp_group": E.check_dp_group, "dp_group": mine, "prediction": None}
+
+
+@pytest.mark.parametrize("body,says", [
+    ("def dp_group(rank, tp, cp, pp, dp):\n    return [rank]\nprint('tried')\ncheck_dp_group(dp_group)",
+     "your dp_group(0, 2, 1, 1, 2) returned [0]"),
+    ("print('tried')\n1 / 0\ncheck_dp_group(dp_group)", "ZeroDivisionError"),
+    ("print('tried')\ncheck_dp_group(None)", "Not answered yet"),
+    ("print('tried')\n42", "not a check's Verdict"),
+])
+def test_a_failing_solution_raises_with_what_it_printed(capsys, body, says):
+    with pytest.raises(SolutionFailed) as failed:
+        solution_magic({"check_dp_group": E.check_dp_group})("", body)
+    assert says in str(failed.value) and "tried" in str(failed.value)
+    assert capsys.readouterr().out == ""
+
+
+def test_importing_the_exercises_outside_ipython_imports_no_ipython():
+    import subprocess
+    import sys
+    code = "import sys, minipar.teach.exercises; assert 'IPython' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_solution_cell_starts_with_the_magic_alone(path):
+    cells = [c for c in json.loads(path.read_text())["cells"]
+             if "solution" in c["metadata"].get("tags", [])]
+    assert cells, f"{path.name} has no solution cell"
+    for cell in cells:
+        assert "".join(cell["source"]).split("\n")[0] == "%%solution", cell["source"][:2]
+
+
+def test_a_verdict_names_the_readers_function():
+    assert yours(dp_group) == "your dp_group"
+    assert yours(lambda *a: 0) == yours(functools.partial(dp_group, 0)) == "your function"
+
+    def bad_dp_group(rank, tp, cp, pp, dp):
+        return [rank]
+    assert "your bad_dp_group(0, 2, 1, 1, 2) returned [0]" in E.check_dp_group(bad_dp_group).message
+    assert "your function(2, 4, 2) returned" in E.check_interleaved_bubble(lambda p, m, v: 0.5).message
+    wrong = lambda i, w, m, r: 0.5                                 # noqa: E731
+    assert "your function(" in E.check_expected_waste(wrong).message
+
+
+def test_no_verdict_speaks_of_fn():
+    """A verdict names the reader's function (`core.yours`), never a placeholder `fn`."""
+    folder = Path(E.__file__).parent
+    for source in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.JoinedStr):
+                text = ast.unparse(node)
+                assert not re.search(r"\bfn[({]", text), f"{source.name}: {text}"

@@ -20,7 +20,6 @@ from minipar.runtime.run import main, train
 from minipar.trainer import comm
 from minipar.trainer.grid import ProcessGrid
 from minipar.trainer.model import MoE, Transformer, cross_entropy_sum
-from minipar.trainer.parallel.experts import exchange
 from minipar.trainer.parallelize import parallelize
 from minipar.trainer.placement import local_index, placements
 from minipar.trainer.step import Trainer
@@ -166,7 +165,8 @@ def _wire(grid: ProcessGrid) -> dict:
     x = torch.full((sum(send), 4096), float(r))
     dist.barrier()
     got = {}
-    measured = wire_meter.measure(lambda: got.setdefault("y", exchange(x, axis, send, recv)))
+    measured = wire_meter.measure(
+        lambda: got.setdefault("y", comm.all_to_all_uneven(x, axis, send, recv)))
     senders = [int(v) for v in got["y"][:, 0].tolist()]
     return {"measured": measured, "formula": all_to_all_wire_bytes(send, r, 4096 * 4),
             "ring": ring_wire_bytes("all_to_all", axis.size, x.numel() * 4),

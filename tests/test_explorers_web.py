@@ -1,8 +1,9 @@
 """The explorers of the HTML book (minipar/teach/web.py, book/_ext/explorer_html.py) draw
 what the notebook's explorers draw.
 
-- Every value a page offers (`WEB`) is one its control offers in the notebook, and a page
-  offers few enough settings to be drawn when the book is built.
+- A page offers every control of the notebook's explorer over the notebook's range (every
+  value of a list, a number slider's ends, default and values between), each value one its
+  control offers in the notebook, and few enough settings to be drawn when the book is built.
 - A frame the page ships is `figure_data(figure(**values))` for the values it says, after
   the trip through JSON the page's script makes; the reading finds every Axes' lines or
   boxes, and a different setting reads as different data (the comparison can fail).
@@ -75,12 +76,46 @@ def drawn(chapter: str, values: dict) -> dict:
         plt.close(fig)
 
 
-@pytest.mark.parametrize("chapter", web.CHAPTERS)
-def test_the_page_offers_the_notebooks_values(chapter):
+# ---------------------------------------------------------------- every control, its whole range
+SLIDER_VALUES = (4, 7)       # a number slider: at least its ends, its default and one between
+
+
+def short_of_the_notebook(chapter: str) -> list[str]:
+    """What the chapter's page lacks of its notebook's explorer (grids only, no frames): a
+    control it does not offer, a value of a list it leaves out (steps, choice, toggle), or
+    a number slider without its ends, its default or a handful of values."""
     controls, offered = web.controls(chapter), web.grid(chapter)
-    assert offered, f"{chapter}: WEB offers nothing"
+    default = web.explorer(chapter).DEFAULTS
+    out = [f"{name}: not on the page" for name in controls if name not in offered]
     for name, values in offered.items():
-        assert name in controls, f"{chapter}: WEB names {name!r}, which is no control"
+        control = controls.get(name)
+        if control is None:
+            out.append(f"{name}: no control of the notebook")
+        elif control.kind in ("choice", "steps", "toggle"):
+            missing = [v for v in values_of(control) if v not in values]
+            out += [f"{name}: leaves out {missing}"] if missing else []
+        else:
+            out += _slider_short(name, control, values, default[name])
+    return out
+
+
+def _slider_short(name, control, values, default) -> list[str]:
+    lo, hi = control.values[:2]
+    if control.kind == "log":
+        lo, hi = 10.0 ** lo, 10.0 ** hi
+    out = [f"{name}: {what} value {v:g} is not offered"
+           for what, v in (("its lowest", lo), ("its highest", hi), ("its default", default))
+           if not any(math.isclose(v, x, rel_tol=1e-9) for x in values)]
+    if not SLIDER_VALUES[0] <= len(values) <= SLIDER_VALUES[1]:
+        out.append(f"{name}: {len(values)} values, not a handful")
+    return out
+
+
+@pytest.mark.parametrize("chapter", web.CHAPTERS)
+def test_the_page_offers_every_control_of_the_notebook_over_its_range(chapter):
+    controls, offered = web.controls(chapter), web.grid(chapter)
+    assert short_of_the_notebook(chapter) == [], chapter
+    for name, values in offered.items():
         assert len(values) > 1 and len(set(map(repr, values))) == len(values), (chapter, name)
         for v in values:
             assert legal(controls[name], v), f"{chapter}: {name}={v!r} is no value of its control"
@@ -150,12 +185,20 @@ def test_settings_cross_every_combination_with_one_alone_control_moved():
         assert sum(values[name] != defaults[name] for name in single) <= 1, values
 
 
+def test_a_page_short_of_the_notebook_is_caught(monkeypatch):
+    cluster, tp = web.explorer("cluster"), web.explorer("tensor_parallel")
+    monkeypatch.setattr(cluster, "ALONE", {k: v for k, v in cluster.ALONE.items() if k != "dp"})
+    monkeypatch.setattr(tp, "ALONE", {**tp.ALONE, "tflops": [100.0, 430.0, 600.0, 800.0],
+                                      "seq_len": tp.ALONE["seq_len"][1:]})
+    assert short_of_the_notebook("cluster") == ["dp: not on the page"]
+    assert short_of_the_notebook("tensor_parallel") == [
+        "seq_len: leaves out [1024]", "tflops: its highest value 900 is not offered"]
+
+
 # ---------------------------------------------------------------- agreeing with the chapter
-def test_the_pipeline_page_offers_every_control_of_the_notebook_over_its_range():
-    controls, offered = web.controls("pipeline_parallel"), web.grid("pipeline_parallel")
-    assert set(offered) == set(controls)
-    for name, control in controls.items():
-        assert sorted(offered[name], key=str) == sorted(values_of(control), key=str), name
+
+
+# ---------------------------------------------------------------- agreeing with the chapter
 
 
 def gantt_passes(frame: dict) -> dict[str, float]:
@@ -246,7 +289,7 @@ def test_every_whatif_fix_named_is_valid():
 # ---------------------------------------------------------------- the planner, both ways
 FOURD_SETTINGS = [dict(model="llama3-405b", gpus=8192, seq_len=8192, batch_mtokens=16),
                   dict(model="llama3-405b", gpus=16384, seq_len=8192, batch_mtokens=16),
-                  dict(model="llama3-70b", gpus=1024, seq_len=8192, batch_mtokens=4)]
+                  dict(model="llama3-70b", gpus=1024, seq_len=8192, batch_mtokens=16)]
 
 
 def test_the_planner_starts_at_the_chapters_case_and_reaches_16k_gpus():
@@ -255,8 +298,9 @@ def test_the_planner_starts_at_the_chapters_case_and_reaches_16k_gpus():
         dict(model="llama3-405b", gpu="h100", gpus=8192, seq_len=8192, batch_mtokens=16)
     reachable = [values for _, values in web.settings("fourd")]
     for gpus in (8192, 16384):
-        assert any(v["model"] == "llama3-405b" and v["gpus"] == gpus and v["batch_mtokens"] == 16
-                   and v["seq_len"] == 8192 for v in reachable), gpus
+        assert any(v["model"] == "llama3-405b" and v["gpu"] == "h100" and v["gpus"] == gpus
+                   and v["batch_mtokens"] == 16 and v["seq_len"] == 8192 and not v["tp_overlap"]
+                   for v in reachable), gpus
 
 
 def test_the_planners_box_is_one_size_and_holds_its_labels():
@@ -301,7 +345,7 @@ def explorer_ranking(frame: dict) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("setting", FOURD_SETTINGS, ids=lambda s: f"{s['model']}-{s['gpus']}")
 def test_the_4d_explorer_ranks_as_the_cli_plans(setting):
-    offered = web.grid("fourd")
+    offered, setting = web.grid("fourd"), {**web.explorer("fourd").DEFAULTS, **setting}
     key = ",".join(str(offered[name].index(setting[name])) for name in offered)
     p = json.loads(json.dumps(web.payload("fourd", keys=[key])))
     values = p["values"][key]

@@ -174,6 +174,12 @@
     return el;
   }
 
+  // A value as the control shows it: a slider's fraction to three digits (10^-0.5 is 0.316),
+  // anything else as it is.
+  function shownValue(v) {
+    return typeof v === "number" && !Number.isInteger(v) ? String(+v.toPrecision(3)) : String(v);
+  }
+
   // A dropdown for a choice or a toggle, a slider over the offered values otherwise; both
   // report the index of the chosen value. Returns {element, set(index)}.
   function control(c, index, onChange) {
@@ -188,7 +194,7 @@
       Object.assign(input, { type: "range", min: 0, max: c.values.length - 1, step: 1 });
     }
     const show = () => {
-      shown.textContent = input.tagName === "SELECT" ? "" : String(c.values[+input.value]);
+      shown.textContent = input.tagName === "SELECT" ? "" : shownValue(c.values[+input.value]);
     };
     input.name = c.name;
     input.value = String(index);

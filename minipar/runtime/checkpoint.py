@@ -152,8 +152,7 @@ def resolve(path: str) -> str:
         raise CheckpointError(f"--resume {path}: no such directory")
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
-    step_dir = latest(path)
-    if step_dir is None:
+    if (step_dir := latest(path)) is None:
         raise CheckpointError(f"--resume {path}: no checkpoint there "
                               f"(neither a {MANIFEST} nor a `{LATEST}` pointer)")
     return step_dir
@@ -188,10 +187,9 @@ def read_manifest(step_dir: str) -> dict:
         if not (isinstance(info, dict) and isinstance(info.get("bytes"), int)
                 and isinstance(info.get("sha256"), str) and os.sep not in name):
             raise CheckpointError(f"{where}: its entry for {name!r} lacks bytes or sha256")
-    for name in (RNG, HISTORY):      # what every rank reads besides rank files
-        if name not in manifest["files"]:
-            raise CheckpointError(f"checkpoint file {os.path.join(step_dir, name)} is not in "
-                                  "its manifest")
+    if absent := [n for n in (RNG, HISTORY) if n not in manifest["files"]]:   # every rank reads
+        raise CheckpointError(f"checkpoint file {os.path.join(step_dir, absent[0])} is not in "
+                              "its manifest")
     check_manifest(manifest, where)
     return manifest
 
@@ -296,8 +294,7 @@ def _read(path: str, what: str = "checkpoint file") -> bytes:
 def check_resume(path: str, model: ModelConfig, steps: int) -> dict:
     """What --resume needs before any process starts: a complete checkpoint of this model
     at a step not beyond --steps. Returns its manifest."""
-    step_dir = resolve(path)
-    manifest = read_manifest(step_dir)
+    manifest = read_manifest(step_dir := resolve(path))
     check_files(step_dir, manifest)
     # a field the checkpoint predates has its default there (the model it was saved from)
     saved = {**dataclasses.asdict(ModelConfig()), **manifest["model"]}
@@ -393,8 +390,7 @@ def check_entry(e, want: dict, tp: int, where: str) -> dict:
                                                      not in (int, float)):
         raise CheckpointError(f"{where}: {name}: its tensors are not its elements "
                               f"{e['start']}:{e['stop']}, or AdamW's state is incomplete")
-    return {**{k: v for k, v in e.items() if k not in ADAM},
-            "how": (dim, e["tp_size"], cuts, adam)}
+    return {**{k: v for k, v in e.items() if k not in ADAM}, "how": (dim, e["tp_size"], cuts, adam)}
 
 
 # What a step *means*: the tokens it reads are a pure function of these (and of the step).
@@ -493,8 +489,7 @@ def full_tensor(entries: list[dict], key: str = "param") -> torch.Tensor:
     expert weight's EP cuts along dim 0. Copies of one slice (a tied head, say) are
     harmless: they are equal. Every TP shard has the same shape (the layout's rules make
     tp divide the dim it cuts)."""
-    cuts = entries[0].get("ep_size", 1)
-    if cuts > 1:
+    if (cuts := entries[0].get("ep_size", 1)) > 1:
         return torch.cat([full_tensor([{**e, "ep_size": 1} for e in entries if e["ep_rank"] == r],
                                       key) for r in range(cuts)])
     first = entries[0]
@@ -667,8 +662,7 @@ def load(path: str, chunks, dp, optimizer, grid, model: ModelConfig) -> tuple[in
     """Every rank calls this after building its model pieces (in any layout). Fills the
     parameters and AdamW's state with the checkpoint's; returns (the step to continue
     from, the records of the steps before it)."""
-    step_dir = resolve(path)
-    manifest = read_manifest(step_dir)
+    manifest = read_manifest(step_dir := resolve(path))
     mine, buffers = named_params(chunks, model), named_buffers(chunks)
     needed = {name for name, _ in mine + buffers}
     entries = defaultdict(list)     # the slices of each parameter, from the files that hold any

@@ -239,8 +239,7 @@ def to_hf(mcfg: ModelConfig) -> dict:
     supported, extra = (MIXTRAL, MIXTRAL_NAMES) if mcfg.is_moe else (SUPPORTED, {})
     scaling = {"rope_type": "llama3", **{theirs: getattr(mcfg, ours)
                                          for ours, theirs in LLAMA3_ROPE.items()}}
-    return {"torch_dtype": "float32",
-            **{key: allowed[0] for key, allowed in supported.items()},
+    return {"torch_dtype": "float32", **{key: allowed[0] for key, allowed in supported.items()},
             **{theirs: getattr(mcfg, ours) for ours, theirs in (HF_NAMES | extra).items()},
             "intermediate_size": mcfg.expert_ffn_dim if mcfg.is_moe else mcfg.ffn_dim,
             "rope_scaling": None if mcfg.llama3_rope is None else scaling}
@@ -296,13 +295,11 @@ def weight_files(path: str) -> dict[str, str]:
                 isinstance(v, str) and v for v in weight_map.values())):
             raise ConfigError(f"--init-hf {index}: its weight_map is not an object of file names")
         files = {file: inside(path, file) for file in sorted(set(weight_map.values()))}
-        for file in files:
-            if not os.path.isfile(files[file]):
-                raise ConfigError(f"--init-hf {path}: {file} is named by {INDEX} but absent")
+        if absent := [file for file in files if not os.path.isfile(files[file])]:
+            raise ConfigError(f"--init-hf {path}: {absent[0]} is named by {INDEX} but absent")
         return {name: files[file] for name, file in weight_map.items()
                 if not name.endswith(IGNORED)}
-    single = os.path.join(path, WEIGHTS)
-    if not os.path.isfile(single):
+    if not os.path.isfile(os.path.join(path, WEIGHTS)):
         raise ConfigError(f"--init-hf {path}: neither {WEIGHTS} nor {INDEX} in the directory")
     single = inside(path, WEIGHTS)
     with _open(single) as f:
@@ -330,9 +327,8 @@ def check_dir(path: str, mcfg: ModelConfig) -> None:
             if isinstance(t, nn.Parameter) for hf in stored_names(name, mcfg)}
     # a tied head is the embedding: a copy of it may be saved (of the embedding's shape)
     optional = {"lm_head.weight"} if mcfg.tie_embeddings else set()
-    for name in want:
-        if name not in files and name not in optional:
-            raise ConfigError(f"--init-hf {path}: tensor {name} is in no file")
+    if missing := [name for name in want if name not in files and name not in optional]:
+        raise ConfigError(f"--init-hf {path}: tensor {missing[0]} is in no file")
     with contextlib.ExitStack() as stack:
         opened = _open_all(stack, files.values())
         for name, file in files.items():
@@ -342,8 +338,7 @@ def check_dir(path: str, mcfg: ModelConfig) -> None:
             if name not in want:
                 raise ConfigError(f"--init-hf {file}: tensor {name} is not a weight of this "
                                   "model (biases and other extras are not supported)")
-            shape = tuple(opened[file].get_slice(name).get_shape())
-            if shape != want[name]:
+            if (shape := tuple(opened[file].get_slice(name).get_shape())) != want[name]:
                 raise ConfigError(f"--init-hf {file}: tensor {name} has shape {list(shape)}, "
                                   f"config.json implies {list(want[name])}")
 
@@ -468,8 +463,7 @@ def save_pretrained(state: dict[str, torch.Tensor], mcfg: ModelConfig, out: str,
              "weight_map": {name: file for file, part in files.items() for name in part}}
     copied = tokenizer_files(tokenizer_dir, "--tokenizer")     # each inside its directory
     out = os.path.abspath(out)        # `--out .` too is a directory that can be renamed
-    tmp = f"{out}.tmp{os.getpid()}"      # this process's name: nobody's file
-    file = tmp
+    file = tmp = f"{out}.tmp{os.getpid()}"      # this process's name: nobody's file
     try:
         os.makedirs(tmp)
         with open(file := os.path.join(tmp, MARK), "w") as f:
@@ -498,8 +492,7 @@ def export_run(out: str, chunks, dp, optimizer, grid, mcfg: ModelConfig,
     leaves nothing behind) raises `WriteError` on every rank alike, none left waiting."""
     mine = [{k: v for k, v in e.items() if k not in ADAM}
             for e in shard_entries(chunks, dp, optimizer, grid, mcfg)]
-    received = [None] * grid.world_size if grid.rank == 0 else None
-    failed = [None]
+    received, failed = ([None] * grid.world_size if grid.rank == 0 else None), [None]
     with comm.paused():
         dist.gather_object(mine, received, dst=0)
         if grid.rank == 0:

@@ -325,8 +325,7 @@ def run(fn, world_size: int, *args, backend: str | None = None, timeout_s: float
     # it: joining the world below fails)
     die_with_parent(os.getppid())
     handle_stop_signals()     # torchrun's agent passes the STOP_SIGNALS on to its workers
-    ws = int(os.environ["WORLD_SIZE"])
-    if ws != world_size:
+    if (ws := int(os.environ["WORLD_SIZE"])) != world_size:
         raise RuntimeError(f"torchrun started {ws} processes but the layout needs {world_size}")
     _init(int(os.environ["RANK"]), ws, backend or default_backend(), timeout_s)
     beat = StoreHeartbeat(dist.get_rank(), ws, timeout_s)      # names lost ranks

@@ -96,9 +96,8 @@ def check_writable_file(flag: str, path: str) -> None:
     if not os.path.isdir(parent):
         what = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
         raise ConfigError(f"{flag} {path}: {parent} {what}")
-    if os.environ.get("RANK", "0") != "0":
-        return      # torchrun's other ranks: rank 0 writes the file, and alone probes it
-    if check_fifo(flag, path):
+    # torchrun's other ranks: rank 0 writes the file, and alone probes it; a FIFO: no probe
+    if os.environ.get("RANK", "0") != "0" or check_fifo(flag, path):
         return
     existed = os.path.exists(path)
     try:    # a new file or a device takes a byte now: a full disk, /dev/full, say so here

@@ -9,12 +9,15 @@ Figure its place, limits, scales, ticks, lines, boxes and texts, read back from 
 Gantt chart and a loss curve, so the browser draws exactly the numbers `figure` drew.
 
 Each explorer module names the settings its page offers in `WEB` (control name -> the
-values offered, a few of the control's own); `payload(chapter)` draws every combination of
-them (`settings`). A module may also name controls in `ALONE` (name -> values): each of
-them moves one at a time from its DEFAULTS value, with every combination of `WEB` (a full
-product of five time sliders would be thousands of pictures). The other controls stay at the
-module's DEFAULTS. A module's `same_picture(values)`, if any, maps a setting to one that
-draws the same picture (a control the picture ignores at that setting), so it is drawn once.
+values offered); `payload(chapter)` draws every combination of them (`settings`). The
+module names its other controls in `ALONE` (name -> values): each of them moves one at a
+time from its DEFAULTS value, with every combination of `WEB` (a full product of a dozen
+controls would be millions of pictures). Between them the page offers every control of the
+notebook's explorer over the notebook's range: every value of a list, a number slider's
+ends, its default and a few values between (tests/test_explorers_web.py holds each chapter
+to that), and the DEFAULTS, the chapter's own case, are the first setting shown. A
+module's `same_picture(values)`, if any, maps a setting to one that draws the same picture
+(a control the picture ignores at that setting), so it is drawn once.
 """
 from __future__ import annotations
 
@@ -208,9 +211,12 @@ def controls(chapter: str) -> dict:
 
 def grid(chapter: str) -> dict[str, list]:
     """The settings the chapter's page offers: control name -> the values offered, those of
-    `WEB` (every combination) then those of `ALONE` (one at a time)."""
-    module = explorer(chapter)
-    return {name: list(values) for name, values in {**module.WEB, **alone(chapter)}.items()}
+    `WEB` (every combination) and of `ALONE` (one at a time), in the order of the notebook's
+    controls (so the page shows them as the notebook does)."""
+    offered = {**explorer(chapter).WEB, **alone(chapter)}
+    order = [name for name in controls(chapter) if name in offered]
+    order += [name for name in offered if name not in order]     # the tests name these
+    return {name: list(offered[name]) for name in order}
 
 
 def alone(chapter: str) -> dict[str, list]:

@@ -123,27 +123,34 @@ def draw_invalid(ax, problems: list[str], fixes: list[str] | None, width: int = 
             transform=ax.transAxes)
 
 
-def explorer(controls: dict[str, Control], draw, values: dict, split: int):
+def explorer(controls: dict[str, Control], draw, values: dict, split: int, shown=None):
     """The live explorer of every chapter: `controls` (name -> Control) start at `values`,
-    and `draw(**values)` (the chapter's `figure`) redraws with the controls' values."""
+    and `draw(**values)` (the chapter's `figure`) redraws with the controls' values;
+    `shown(**values)`, if given, runs once the figure is on the page."""
     widgets = {name: widget(name, c, values[name]) for name, c in controls.items()}
-    return live_panel(widgets, lambda moved: draw(**{**values, **moved}), split)
+    return live_panel(widgets, lambda moved: draw(**{**values, **moved}), split,
+                      shown and (lambda moved: shown(**{**values, **moved})))
 
 
-def live_panel(controls: dict, draw, split: int):
+def live_panel(controls: dict, draw, split: int, shown=None):
     """Controls in two columns (the first `split`, then the rest) above a figure that
-    `draw(values)` redraws on every change: the one layout of every explorer."""
+    `draw(values)` redraws on every change: the one layout of every explorer. `shown(values)`
+    runs after the figure is displayed (work started there, in the background, does not
+    slow the picture the reader waits for)."""
     import ipywidgets as w   # here, not at the top: optional, only the live explorers need it
     from IPython.display import display   # installed with ipywidgets
 
     out = w.Output()
 
     def redraw(_=None):
+        values = {k: c.value for k, c in controls.items()}
         with out:
             out.clear_output(wait=True)
-            fig = draw({k: c.value for k, c in controls.items()})
+            fig = draw(values)
             display(fig)
             plt.close(fig)
+        if shown:
+            shown(values)
 
     for c in controls.values():
         c.observe(redraw, names="value")

@@ -189,18 +189,18 @@ def all_to_all(t: torch.Tensor, axis: Axis, split_dim: int, concat_dim: int):
                 lambda: torch.cat(out.unbind(0), dim=concat_dim), out, inp)
 
 
-def all_to_all_uneven(t: torch.Tensor, axis: Axis, send_rows: list[int], recv_rows: list[int],
-                      wire: int):
+def all_to_all_uneven(t: torch.Tensor, axis: Axis, send_rows: list[int], recv_rows: list[int]):
     """Send rows send_rows[j] of `t` (in order: the first send_rows[0] to position 0, ...) to
     the rank at position j, and return the rows received, recv_rows[j] from position j, in
     rank order: expert parallelism's dispatch and combine, whose sizes are the routing's.
-    The caller says the bytes that leave this rank (`wire`: all but its own rows), and the
-    trace notes each peer's share (`split_bytes`) for a replay to re-time."""
+    On the wire: every peer's share but this rank's own (chapter "Experts: the fifth axis"
+    has the formula); the trace notes each share (`split_bytes`) for a replay to re-time."""
     row = t[0].numel() * t.element_size() if t.shape[0] else 0     # (no rows: all sizes 0)
     out = t.new_empty((sum(recv_rows), *t.shape[1:]))
-    return _run(dist.all_to_all_single, axis, "all_to_all", nbytes(t), nbytes(t),
-                lambda: out, out, t.contiguous(), recv_rows, send_rows, wire=wire,
-                split_bytes=[n * row for n in send_rows])
+    split = [n * row for n in send_rows]          # the bytes for each peer
+    return _run(dist.all_to_all_single, axis, "all_to_all", nbytes(t), nbytes(t), lambda: out,
+                out, t.contiguous(), recv_rows, send_rows, split_bytes=split,
+                wire=sum(split) - split[axis.rank])
 
 
 class Handle:

@@ -91,10 +91,13 @@ class ProcessGrid:
         Copies along an axis (placed `Replicate()` or `Partial()` there; dp x cp too when
         every data-parallel rank holds the whole tensor, i.e. without ZeRO) count once: on
         the rank with index 0 on each axis the tensor is copied along."""
-        where = placements(p)
-        copied = [a for a, how in where.items() if not isinstance(how, Shard)]
-        data = "edp" if "ep" in where else "dp_cp"      # an expert's copies: over edp
-        return all(self.axes[a].rank == 0 for a in copied + [data] * replicated_over_dp)
+        copied = [self.axes[a] for a, how in placements(p).items() if not isinstance(how, Shard)]
+        return all(axis.rank == 0 for axis in copied + [self.data_axis(p)] * replicated_over_dp)
+
+    def data_axis(self, p) -> Axis:
+        """The ranks that hold `p` alike and see other tokens, its gradient summed over them:
+        dp x cp, or for an expert's weight the ranks holding the same experts (edp)."""
+        return self.axes["edp" if "ep" in placements(p) else "dp_cp"]
 
     def init_groups(self, backend: str | None = None) -> "ProcessGrid":
         """Create one process group per axis. Collective: every rank calls it, in the same order.

@@ -30,7 +30,7 @@ from .grid import ProcessGrid
 from .model import Transformer, cross_entropy_sum
 from .parallel.context import apply_context_parallel
 from .parallel.data import DataParallel
-from .parallel.experts import apply_expert_parallel, is_expert
+from .parallel.experts import apply_expert_parallel
 from .parallel.pipeline import build_stage_modules, tied_gradient_sync
 from .parallel.tensor import (apply_tensor_parallel, sum_partial_grads,
                               vocab_parallel_cross_entropy_sum)
@@ -77,4 +77,4 @@ def data_parallel(chunks: list[nn.Module], grid: ProcessGrid, pcfg: ParallelConf
     Stage 0 is plain `DataParallel`; ZeRO-3 gathers the units `zero3_units` names. An
     expert's copies are on the expert-data-parallel ranks: its gradient is summed there."""
     return ZERO_STAGES[pcfg.zero](chunks, grid.dp_cp, bucket_mb=pcfg.bucket_mb,
-                                  axis_of=lambda p: grid.edp if is_expert(p) else grid.dp_cp)
+                                  axis_of=grid.data_axis)

@@ -120,8 +120,7 @@ def local_batch(batch: torch.Tensor, grid: ProcessGrid, microbatches: int) -> li
     a tensor of its own (not a view of the batch: what autograd saves of one micro-batch is
     then that micro-batch's alone, and the activation meter sees it go with it)."""
     rows = local_microbatches(batch, grid.dp.rank, grid.dp.size, microbatches)
-    return [tuple(t.clone() for t in shard_sequence(mb[:, :-1], mb[:, 1:], grid.cp))
-            for mb in rows]
+    return [tuple(t.clone() for t in shard_sequence(mb[:, :-1], mb[:, 1:], grid.cp)) for mb in rows]
 
 
 def forward_backward(model, micro, n_tokens, pcfg, grid) -> torch.Tensor:

@@ -6,6 +6,8 @@ from the layout; `run_layout` puts them there (and --recompute-layers beside the
 """
 from __future__ import annotations
 
+import functools
+
 from .. import memory
 from ..config import ModelConfig, ParallelConfig
 from .experts import busiest_rank_load
@@ -46,12 +48,19 @@ def memory_of_rank(model: ModelConfig, pc: ParallelConfig, work: Workload,
                                  expert_load(model, pc, work))
 
 
+def ranks_memory(model: ModelConfig, pc: ParallelConfig, work: Workload,
+                 precision: Precision = BF16_MIXED) -> list[dict[str, float]]:
+    """`memory_of_rank` of every pipeline rank, the layout as it runs built once for all."""
+    run, recomputed, load = run_layout(pc, work), layers_recomputed(pc, work), expert_load(model, pc, work)
+    return [memory.memory_of_rank(model, run, precision, work.seq_len, work.microbatch_size, r,
+                                  recomputed, load) for r in range(pc.pp)]
+
+
 def fullest_stage(model: ModelConfig, pc: ParallelConfig, work: Workload,
                   precision: Precision = BF16_MIXED) -> int:
     """The pipeline rank whose total is largest (the first, on a tie): every rank holds its
     own layers, chunks and micro-batches in flight."""
-    totals = [memory_of_rank(model, pc, work, precision, r)["total"] for r in range(pc.pp)]
-    return totals.index(max(totals))
+    return _fullest_rank(model, pc, work, precision)[0]
 
 
 def expert_load(model: ModelConfig, pc: ParallelConfig, work: Workload) -> float:
@@ -63,4 +72,17 @@ def memory_per_gpu(model: ModelConfig, pc: ParallelConfig, work: Workload,
                    precision: Precision = BF16_MIXED) -> dict[str, float]:
     """Bytes on the most loaded GPU: parameters, gradients, optimizer state (sharded over the
     dp x cp group by ZeRO stage) and stored activations, of the fullest pipeline rank."""
-    return memory_of_rank(model, pc, work, precision, fullest_stage(model, pc, work, precision))
+    return dict(_fullest_rank(model, pc, work, precision)[1])     # a copy: the kept one stays
+
+
+# The planner asks for one layout's memory several times (its leanest setting first, then the
+# cheapest that fits, then the estimate of that one): every argument is a frozen dataclass, so
+# the answer is kept. 16,384 layouts: a few plans of 405B.
+@functools.lru_cache(maxsize=2**14)
+def _fullest_rank(model: ModelConfig, pc: ParallelConfig, work: Workload,
+                  precision: Precision) -> tuple[int, dict[str, float]]:
+    """(`fullest_stage`, its bytes)."""
+    ranks = ranks_memory(model, pc, work, precision)
+    totals = [r["total"] for r in ranks]
+    stage = totals.index(max(totals))
+    return stage, ranks[stage]

@@ -23,7 +23,7 @@ from .constants import LLAMA3_EFFICIENCY, Efficiency
 from . import frameworks
 from .frameworks import fsdp_unit_mb
 from .hardware import Cluster
-from .memory import memory_per_gpu
+from .memory import fullest_stage, memory_of_rank, memory_per_gpu
 from .search import layouts, powers_of_two
 from .time import Estimate, estimate
 from .workload import Workload, layout_problems, make_workload
@@ -90,18 +90,25 @@ def fit_memory(model: ModelConfig, pc: ParallelConfig, budget_gb: float, seq_len
     """The cheapest (ZeRO stage of `zeros`, recompute) under which the layout fits in
     `budget_gb`, or (None, the GB of the leanest: the last ZeRO stage with full
     recomputation, tried first so a hopeless layout costs one evaluation)."""
-    def gb(zero, rc):
-        work = Workload(seq_len, global_batch, mbs, rc)
-        trial = pc.replace(zero=zero, recompute=rc)
-        return memory_per_gpu(model, trial, work, precision)["total"] / 1e9, trial, work
-    leanest = gb(zeros[-1], RECOMPUTE_ORDER[-1])
-    if leanest[0] > budget_gb:
-        return None, leanest[0]
+    def setting(zero, rc):
+        return pc.replace(zero=zero, recompute=rc), Workload(seq_len, global_batch, mbs, rc)
+
+    def gb(trial, work, stage=None):     # the fullest rank's GB, or rank `stage`'s
+        if stage is None:
+            return memory_per_gpu(model, trial, work, precision)["total"] / 1e9
+        return memory_of_rank(model, trial, work, precision, stage)["total"] / 1e9
+    leanest = setting(zeros[-1], RECOMPUTE_ORDER[-1])
+    least = gb(*leanest)
+    if least > budget_gb:
+        return None, least
+    # One rank over the budget is enough to rule a setting out (the fullest holds at least as
+    # much): try the leanest's fullest rank before all of them.
+    likely = fullest_stage(model, *leanest, precision)
     for zero, rc in itertools.product(zeros, RECOMPUTE_ORDER):
-        need, trial, work = gb(zero, rc)
-        if need <= budget_gb:
+        trial, work = setting(zero, rc)
+        if gb(trial, work, likely) <= budget_gb and gb(trial, work) <= budget_gb:
             return trial, work
-    return leanest[1], leanest[2]
+    return leanest
 
 
 def plan(model: ModelConfig, cluster: Cluster, gpus: int, seq_len: int = 8192,

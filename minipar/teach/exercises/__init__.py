@@ -3,7 +3,8 @@
 `core` says how a check works (one fixed signature per exercise, a `Verdict` that states
 its tolerance, real gloo ranks against the single-device reference), `units` how a number
 with its unit is read; each other module holds one chapter's checks, in the book's order.
-`from minipar.teach.exercises import check_x` finds any of them.
+`from minipar.teach.exercises import check_x` finds any of them. `solution` is the
+`%%solution` cell magic of the worked solutions, registered when this is imported in IPython.
 """
 from .cluster import *
 from .collectives import *
@@ -18,4 +19,7 @@ from .llama3 import *
 from .memory import *
 from .mfu import *
 from .pipeline_parallel import *
+from .solution import load_ipython_extension, register_in_ipython
 from .tensor_parallel import *
+
+register_in_ipython()

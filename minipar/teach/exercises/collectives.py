@@ -14,7 +14,7 @@ from ...trainer.grid import ProcessGrid
 from ...runtime.launch import run_local
 from ...runtime.wire_meter import GLOO_WIRE, HEADER_BYTES, WIRE_GRID, measure, measure_axes
 from .core import (Tolerance, Verdict, compare_calls, exercise, first_difference, on_ranks,
-                   predicted)
+                   predicted, yours)
 
 
 def diagnosed(call, mistakes):
@@ -116,7 +116,7 @@ def check_bytes_sent(fn) -> Verdict:
     a reduce-scatter, an all-gather and an all-reduce over n = 1 to 4, with what rank 0
     hands to its sends in minipar's ring all-reduce (`trainer.ring`) run on n gloo ranks,
     counted step by step."""
-    call = lambda args: f"bytes_sent{args!r}"
+    call = lambda args: f"{yours(fn)}{args!r}"
     return compare_calls(fn, BYTES_SENT_CASES, lambda op, n, size: ring_bytes_run(n)[op], 1e-9,
                          diagnosed(call, _bytes_sent_mistakes),
                          "bytes_sent agrees with the bytes the ring sent, every op, n from 1 "

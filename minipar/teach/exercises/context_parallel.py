@@ -34,7 +34,7 @@ from ...runtime.wire_meter import steps_by_axis
 from .. import replays
 from .collectives import HEADERS_WHY, RING_NOT_GLOO
 from .core import (FLOAT32, Tolerance, Verdict, at, exercise, first_difference, function_given,
-                   on_ranks, predicted, replayed_exposure, right, wrong)
+                   on_ranks, predicted, replayed_exposure, right, wrong, yours)
 
 STEPS = 2              # step 1 scales the queries so that a naive exp(lse) overflows float32
 CP = 2                 # gloo ranks of the code checks
@@ -104,12 +104,12 @@ def check_zigzag(fn) -> Verdict:
             try:
                 got = [int(i) for i in fn(seq_len, rank, cp)]
             except Exception as e:   # noqa: BLE001
-                return wrong(f"fn({seq_len}, {rank}, {cp}) raised {type(e).__name__}: {e}")
+                return wrong(f"{yours(fn)}({seq_len}, {rank}, {cp}) raised {type(e).__name__}: {e}")
             if got != want:
                 if sorted(got) == sorted(want):
-                    return wrong(f"fn({seq_len}, {rank}, {cp}) has the right positions in the "
+                    return wrong(f"{yours(fn)}({seq_len}, {rank}, {cp}) has the right positions in the "
                                   f"wrong order: the early chunk comes first.")
-                return wrong(f"fn({seq_len}, {rank}, {cp}) = {got}: not the two chunks of "
+                return wrong(f"{yours(fn)}({seq_len}, {rank}, {cp}) returned {got}: not the two chunks of "
                               f"seq_len/(2 cp) tokens this rank should hold.")
     return right("your layout matches shard_for_context_parallel for every rank.")
 

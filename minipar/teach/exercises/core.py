@@ -238,18 +238,25 @@ def function_given(fn) -> Verdict | None:
     return None
 
 
+def yours(fn) -> str:
+    """How a verdict names the reader's function: by its own name ("your dp_group"), or
+    "your function" for a lambda or a partial, which have none to show."""
+    name = getattr(fn, "__name__", "")
+    return f"your {name}" if name.isidentifier() else "your function"
+
+
 def compare_calls(fn, cases, reference, rel_tol: float, mismatch, success: str,
                   call=None) -> Verdict:
     """Call the reader's fn(*args) and reference(*args) for each args in `cases`. Wrong at the
     first call that raises, or whose number is off by more than rel_tol (mismatch(args, got,
     want) says how); right, saying `success`, when every case agrees. call(args) names a call
-    in the messages (default: fn(args...))."""
+    in the messages (default: "your fn_name(args...)", see `yours`)."""
     problem = function_given(fn)
     if problem is not None:
         return problem
     for args in cases:
         want = reference(*args)
-        name = call(args) if call else f"fn{tuple(args)}"
+        name = call(args) if call else f"{yours(fn)}({', '.join(map(repr, args))})"
         try:
             got = float(fn(*args))
         except Exception as e:   # noqa: BLE001 - the reader's code may raise anything

@@ -19,8 +19,8 @@ from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .. import replays
 from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
-from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
-                   function_given, on_ranks, predicted, replayed_exposure, right, wrong)
+from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference, function_given,
+                   on_ranks, predicted, replayed_exposure, right, wrong, yours)
 
 
 def _zero_mistakes(n_params: int, n: int, zero: int, m: int, grad_bytes: int, param_bytes: int):
@@ -105,7 +105,7 @@ def check_zero_bytes(fn) -> Verdict:
     fixed. Compared, for ZeRO-0 to 3 with one and two micro-batches, with what one step of
     `tiny` (float32) on 4 gloo ranks sends on the dp axis, as minipar's CommLog counts the
     collectives the step ran."""
-    call = lambda args: f"zero_bytes{args!r}"
+    call = lambda args: f"{yours(fn)}{args!r}"
     return compare_calls(fn, zero_cases(), lambda *a: zero_run_bytes()[(a[2], a[3])], 1e-9,
                          diagnosed(call, _zero_mistakes),
                          "zero_bytes agrees with the bytes the trainer's steps sent: ZeRO-0 to "
@@ -350,9 +350,9 @@ def check_buckets(fn) -> Verdict:
         try:
             got = [[int(i) for i in b] for b in fn(list(sizes), bucket_mb)]
         except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
-            return wrong(f"fn({sizes}, {bucket_mb}) raised {type(e).__name__}: {e}")
+            return wrong(f"{yours(fn)}({sizes}, {bucket_mb}) raised {type(e).__name__}: {e}")
         if got != want:
-            return wrong(f"fn({sizes}, {bucket_mb}) = {got}, expected {len(want)} bucket"
+            return wrong(f"{yours(fn)}({sizes}, {bucket_mb}) returned {got}, expected {len(want)} bucket"
                          f"{'s' if len(want) > 1 else ''}." + _bucket_hint(sizes, bucket_mb, got))
     return right("your buckets match make_buckets for 1, 2 and 3 buckets.")
 

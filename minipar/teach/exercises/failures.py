@@ -13,7 +13,7 @@ from ...plan.config import ParallelConfig
 from ...plan.config import TrainConfig
 from ...runtime.run import train
 from .core import (Verdict, compare_calls, exercise, function_given, predicted, reveals, right,
-                   wrong)
+                   wrong, yours)
 from .units import read
 from ..numbers.failures import crash_table
 
@@ -110,7 +110,7 @@ def check_expected_waste(fn) -> Verdict:
     (`simulated_waste`) on WASTE_CASES, within WASTE_REL."""
     return compare_calls(
         fn, WASTE_CASES, simulated_waste, WASTE_REL,
-        lambda args, got, want: f"fn{args} = {got:.4f}; the simulated run loses {want:.4f} "
+        lambda args, got, want: f"{yours(fn)}{args} returned {got:.4f}; the simulated run loses {want:.4f} "
                                 f"({got / want:.2f}x; within {WASTE_REL:.0%}: {WASTE_WHY}). What "
                                 f"does a failure cost: all of the interval, and nothing else?",
         f"your waste model is within {WASTE_REL:.0%} of the simulated runs ({WASTE_WHY}).")

@@ -22,7 +22,7 @@ from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY
 from .core import (NOT_ANSWERED, Verdict, exercise, function_given, predicted, reveals, right,
-                   wrong)
+                   wrong, yours)
 from ..numbers.fourd import PLAN_EXERCISE
 
 
@@ -39,10 +39,10 @@ def check_dp_group(fn) -> Verdict:
             try:
                 got = sorted(int(r) for r in fn(rank, *sizes))
             except Exception as e:   # noqa: BLE001
-                return wrong(f"fn({rank}, {', '.join(map(str, sizes))}) raised "
+                return wrong(f"{yours(fn)}({rank}, {', '.join(map(str, sizes))}) raised "
                               f"{type(e).__name__}: {e}")
             if got != want:
-                return wrong(f"fn({rank}, {', '.join(map(str, sizes))}) = {got}: a DP group "
+                return wrong(f"{yours(fn)}({rank}, {', '.join(map(str, sizes))}) returned {got}: a DP group "
                               f"holds {sizes[3]} ranks that differ only in their dp coordinate.")
     return right("your DP groups match ProcessGrid's.")
 
@@ -71,7 +71,8 @@ def check_coords_bug(fn) -> Verdict:
             try:
                 got = {a: int(fn(rank, *sizes)[a]) for a in AXES}
             except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
-                return wrong(f"fn({rank}, {', '.join(map(str, sizes))}) raised {type(e).__name__}: {e}")
+                return wrong(f"{yours(fn)}({rank}, {', '.join(map(str, sizes))}) raised "
+                             f"{type(e).__name__}: {e}")
             if got != want:
                 off = [a for a in AXES if got[a] != want[a]]
                 return wrong(f"rank {rank} of tp,cp,pp,dp = {sizes}: got {got}, the {', '.join(off)} "

@@ -23,7 +23,7 @@ from ...plan.flops import local_param_count
 from ...trainer.grid import ProcessGrid
 from ...trainer.model import Transformer
 from ...runtime.run import train
-from .core import Verdict, compare_calls, exercise, function_given, predicted, right, wrong
+from .core import Verdict, compare_calls, exercise, function_given, predicted, right, wrong, yours
 from .critique import Setting, critiqued
 
 # Shapes that catch the usual slips: GQA (K and V narrower than Q), tied embeddings (one
@@ -58,7 +58,7 @@ def check_param_count(fn) -> Verdict:
         fn, PARAM_CASES, model_params, 0.0,
         lambda args, got, want: _param_hint(args[0], got, want),
         "every parameter of the real model, for four shapes (GQA, tied embeddings, Llama 3 405B).",
-        call=lambda args: f"fn({_name(args[0])})")
+        call=lambda args: f"{yours(fn)}({_name(args[0])})")
 
 
 def _name(m: ModelConfig) -> str:
@@ -102,7 +102,8 @@ def check_rank_coords(fn) -> Verdict:
             try:
                 got = tuple(int(x) for x in fn(rank, *degrees))
             except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
-                return wrong(f"fn({rank}, {', '.join(map(str, degrees))}) raised {type(e).__name__}: {e}")
+                return wrong(f"{yours(fn)}({rank}, {', '.join(map(str, degrees))}) raised "
+                             f"{type(e).__name__}: {e}")
             if got != want:
                 return wrong(f"TP{pc.tp} CP{pc.cp} PP{pc.pp} DP{pc.dp}, rank {rank}: you give {got}, "
                              f"the grid says {want}" + (" (is TP innermost?)" if got[::-1] == want else "."))
@@ -159,14 +160,14 @@ def check_straddling_replicas(fn) -> Verdict:
     for tp, cp, pp, dp, pod in STRADDLE_CASES:
         size = tp * cp * pp
         want = replicas_across_pods(tp, cp, pp, dp, pod)
-        call = f"fn({size:,}, {size * dp:,}, {pod:,})"
+        call = f"{yours(fn)}({size:,}, {size * dp:,}, {pod:,})"
         try:
             got = sorted(int(x) for x in fn(size, size * dp, pod))
         except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
             return wrong(f"{call} raised {type(e).__name__}: {e}")
         if got != want:
             extra = sorted(set(got) - set(want))
-            return wrong(f"{call} = {got}: " + (
+            return wrong(f"{call} returned {got}: " + (
                 f"replica(s) {extra} sit in one pod (their last GPU is "
                 f"{[(d + 1) * size - 1 for d in extra]}); which GPU does a replica end on?"
                 if extra else f"{len(set(want) - set(got))} replica(s) that span two pods are missing."))

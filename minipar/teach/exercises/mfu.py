@@ -24,7 +24,7 @@ from ...trainer.step import Trainer
 from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .collectives import HEADERS_WHY, RING_NOT_GLOO
-from .core import Verdict, compare_calls, exercise, predicted
+from .core import Verdict, compare_calls, exercise, predicted, yours
 
 # torch's counter counts matmuls; the RMSNorm gains are parameters that do none (0.3% of
 # tiny's, far less of a large model's), so a count within 1% has every matmul right.
@@ -135,7 +135,7 @@ def check_fixed_mfu(fn) -> Verdict:
         return f"at seq_len {s:,}, {m.name}: MFU {got:.4f}, off by a factor of {got / want:.4g}."
     return compare_calls(fn, MFU_CASES, lambda *a: mfu(*a), 1e-9, hint,
                          "both bugs fixed: N without the embedding lookup, and attention counted.",
-                         call=lambda args: f"fn({args[0]:.3g}, {args[1].name}, {args[2]}, ...)")
+                         call=lambda args: f"{yours(fn)}({args[0]:.3g}, {args[1].name}, {args[2]}, ...)")
 
 
 DP_RUN = dict(dp=2, zero=1, global_batch=4, seq_len=32)

@@ -22,8 +22,8 @@ from ...plan.schedules import Action, ScheduleError, make_schedule, p2p_plan, si
 from ...trainer.parallel import pipeline
 from ...runtime.run import train
 from .. import replays
-from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given,
-                   predicted, right, wrong)
+from .core import (REPLAY_WHY, Verdict, apart, compare_calls, exercise, function_given, predicted,
+                   right, wrong, yours)
 
 
 # ----------------------------------------------------------------- predict, then simulate
@@ -82,7 +82,7 @@ def check_interleaved_bubble(fn) -> Verdict:
     return compare_calls(
         fn, [(2, 4, 2), (4, 8, 2), (4, 4, 3), (3, 6, 1)],
         lambda p, m, v: simulate(make_schedule("interleaved", p, m, v)).bubble_fraction, 1e-6,
-        lambda args, got, want: f"fn{args} = {got:.4f}, but the simulated schedule idles "
+        lambda args, got, want: f"{yours(fn)}{args} returned {got:.4f}, but the simulated schedule idles "
                                 f"{want:.4f} of the time.",
         "your formula matches the simulated interleaved schedules.")
 
@@ -162,7 +162,7 @@ def check_one_f_one_b(fn) -> Verdict:
         try:
             schedule = _as_actions(fn(p, m))
         except Exception as e:   # noqa: BLE001 - the reader's code may raise anything
-            return wrong(f"fn({p}, {m}) raised {type(e).__name__}: {e}")
+            return wrong(f"{yours(fn)}({p}, {m}) raised {type(e).__name__}: {e}")
         problem = _one_f_one_b_problem(schedule, p, m)
         if problem:
             return wrong(f"p = {p}, m = {m}: {problem}")

@@ -25,8 +25,8 @@ from ...runtime.run import train
 from ...runtime.wire_meter import steps_by_axis
 from .. import replays
 from .collectives import HEADERS_WHY, RING_NOT_GLOO, diagnosed
-from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference,
-                   function_given, on_ranks, predicted, replayed_exposure)
+from .core import (FLOAT32, Verdict, at, compare_calls, exercise, first_difference, function_given,
+                   on_ranks, predicted, replayed_exposure, yours)
 
 STEPS, LR = 2, 0.1       # two SGD steps: the second starts from the first's update
 
@@ -112,7 +112,7 @@ def check_tp_block_bytes(fn) -> Verdict:
     fixed. Compared with one step of `tiny` (float32, one micro-batch of 8 x 32 tokens) on
     2 and 4 gloo ranks, with and without SP: the tp bytes CommLog counted, less the
     embedding's, the head's, the loss's and the norms' (the chapter's formulas), per block."""
-    call = lambda args: f"tp_block_bytes{args!r}"
+    call = lambda args: f"{yours(fn)}{args!r}"
     return compare_calls(fn, tp_block_cases(), block_bytes_run, 1e-9,
                          diagnosed(call, _tp_block_mistakes),
                          "tp_block_bytes agrees with the bytes the trainer's blocks sent, TP2 "

@@ -7,8 +7,9 @@ of `teach/widgets.explorer`:
   ahead of time for the settings `WEB` lists, because a static page has no kernel: the
   build reads each picture back as data (`teach.web`) and the browser draws it again with
   Plotly as its controls move; the default's picture is the fallback without JavaScript;
-- `WEB`: the settings the HTML page offers, control name -> a few of its values (the
-  first control's move must change the picture; the others stay at `DEFAULTS`);
+- `WEB` and `ALONE`: the settings the HTML page offers, control name -> its values (every
+  combination of `WEB`'s; each `ALONE` control moved one at a time from `DEFAULTS`, with
+  every `WEB` combination): together every control of `CONTROLS`, over its whole range;
 - `CONTROLS`: what the reader moves, declared as data (`widgets.choice`, `powers`, ...;
   the memory and MFU explorers use `widgets`' own, "will it fit" and the what-if);
 - `explore(**defaults)`: the live explorer of the notebook; it redraws `figure` whenever a

@@ -52,9 +52,12 @@ CONTROLS = {"tp": choice([1, 2, 4, 8]), "cp": choice([1, 2, 4, 8, 16]), "pp": ch
             "pod_size": choice([16, 32, 64, 3072])}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8], "gpus_per_node": [4, 8]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every TP degree,
+# each with every value of the other controls one at a time (both server sizes: does TP stay
+# on NVLink?).
+WEB = {"tp": list(CONTROLS["tp"].values)}
+ALONE = {name: list(CONTROLS[name].values)
+         for name in ("cp", "pp", "dp", "gpus_per_node", "pod_size")}
 
 
 def explore(**defaults):

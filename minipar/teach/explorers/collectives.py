@@ -54,10 +54,13 @@ CONTROLS = {"n": powers(1, 14, "ranks n"), "size_mb": log_slider(-3, 4, "S (MB)"
             "bandwidth_GBps": log_slider(-1, 3, "B (GB/s)")}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"n": [8, 64, 512], "algorithm": list(ALL_REDUCE_ALGORITHMS),
-       "size_mb": [1.0, 25.0, 1000.0]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): each algorithm
+# bold; every n, and each slider's ends, its default and a value between, one at a time.
+WEB = {"algorithm": list(ALL_REDUCE_ALGORITHMS)}
+ALONE = {"n": list(CONTROLS["n"].values),
+         "size_mb": sorted({0.001, 1.0, DEFAULTS["size_mb"], 1000.0, 1e4}),
+         "alpha_us": sorted({0.1, 1.0, DEFAULTS["alpha_us"], 100.0, 1000.0}),
+         "bandwidth_GBps": sorted({0.1, 1.0, 10.0, DEFAULTS["bandwidth_GBps"], 1000.0})}
 
 
 def explore(**defaults):

@@ -130,9 +130,10 @@ CONTROLS = {"cp": powers(1, 6), "impl": choice(IMPLS), "seq_len": powers(11, 20,
             "layout": choice(CP_LAYOUTS), "tp": steps([1, 2, 4, 8])}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"cp": [2, 4, 8, 16, 32], "impl": list(IMPLS), "seq_len": [32768, 131072]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every cp, each
+# with every value of the other controls one at a time (both layouts' work is drawn at each).
+WEB = {"cp": list(CONTROLS["cp"].values)}
+ALONE = {name: list(CONTROLS[name].values) for name in ("impl", "seq_len", "layout", "tp")}
 
 
 def explore(**defaults):

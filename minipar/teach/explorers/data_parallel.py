@@ -48,10 +48,13 @@ CONTROLS = {"model": choice(PRESETS), "model_parallel": powers(0, 10, "TP x PP")
             "hbm_gb": slider(16.0, 192.0, 8.0, "HBM GB")}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"dp": [1, 4, 16, 64, 256, 1024], "model": ["llama3-8b", "llama3-70b", "llama3-405b"],
-       "model_parallel": [16, 128]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every DP degree
+# (what ZeRO divides by); every value of the other controls one at a time (the HBM slider:
+# its ends, its default and two between).
+WEB = {"dp": list(CONTROLS["dp"].values)}
+ALONE = {**{name: list(CONTROLS[name].values) for name in
+            ("model", "model_parallel", "param_bytes", "grad_bytes", "optimizer_bytes")},
+         "hbm_gb": sorted({16.0, 48.0, DEFAULTS["hbm_gb"], 128.0, 192.0})}
 
 
 def explore(**defaults):

@@ -127,9 +127,11 @@ CONTROLS = {"ep": steps(DEGREES), "top_k": steps([1, 2, 4, 8], "top-k"),
             "experts": steps([8, 64, 256]), "dispatch": choice(["fp8", "bf16"])}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"ep": [8, 16, 64], "top_k": [2, 8], "imbalance": [1.0, 2.0, 4.0]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every EP degree,
+# each with every value of the other controls one at a time.
+WEB = {"ep": list(CONTROLS["ep"].values)}
+ALONE = {name: list(CONTROLS[name].values)
+         for name in ("top_k", "imbalance", "max_nodes", "experts", "dispatch")}
 
 
 def explore(**defaults):

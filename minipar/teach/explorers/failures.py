@@ -59,10 +59,13 @@ CONTROLS = {"interval_min": log_slider(-0.5, 3, "interval (min)"),
             "restart_s": slider(0.0, 1800.0, 30.0, "restart (s)")}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"interval_min": [1.0, 3.0, 10.0, 30.0, 100.0],
-       "mtbf_h": [1.0, DEFAULTS["mtbf_h"], 10.0], "write_s": [DEFAULTS["write_s"], 60.0]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): each slider's
+# ends, its default and values between; every interval, each with the MTBF, the write and
+# the restart moved one at a time.
+WEB = {"interval_min": sorted({10 ** -0.5, 1.0, 3.0, DEFAULTS["interval_min"], 100.0, 1000.0})}
+ALONE = {"mtbf_h": sorted({0.1, 1.0, DEFAULTS["mtbf_h"], 10.0, 100.0}),
+         "write_s": sorted({0.1, 1.0, DEFAULTS["write_s"], 10.0, 100.0, 1000.0}),
+         "restart_s": sorted({0.0, DEFAULTS["restart_s"], 600.0, 1200.0, 1800.0})}
 
 
 def explore(**defaults):

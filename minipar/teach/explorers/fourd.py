@@ -108,18 +108,17 @@ CONTROLS = {"model": choice(MODELS), "gpu": choice(GPU_NAMES, "GPU"), "gpus": po
             "tp_overlap": toggle("--tp-overlap")}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built; a plan takes about a second): the chapter's three cluster sizes (the 70B's 1,024,
-# Table 4's 8,192 and 16,384), its two batches, two sequence lengths.
-WEB = {"gpus": [1024, 8192, 16384], "model": list(MODELS), "batch_mtokens": [4, 16],
-       "seq_len": [8192, 32768]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time; a plan takes a
+# second or more): every model, each with every value of the other controls one at a time,
+# so from the chapter's case (405B on 8,192 H100s, 16M tokens) 16,384 GPUs is one move.
+WEB = {"model": list(MODELS)}
+ALONE = {name: list(offered(CONTROLS[name]))
+         for name in ("gpu", "gpus", "seq_len", "batch_mtokens", "tp_overlap")}
 
 
 def explore(**defaults):
     """Controls for the model, the GPU, the number of GPUs, the sequence, the batch, overlap;
-    after each redraw the plans one move away are computed in the background."""
-    def draw(**values):
-        fig = figure(**values)
-        PLANS.warm(neighbours({**DEFAULTS, **values}))
-        return fig
-    return explorer(CONTROLS, draw, {**DEFAULTS, **defaults}, split=3)
+    once each redraw is shown the plans one move away are computed in the background (not
+    before: a guess planned beside the PNG being drawn slows the picture the reader waits for)."""
+    return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3,
+                    shown=lambda **values: PLANS.warm(neighbours(values)))

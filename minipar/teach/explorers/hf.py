@@ -46,9 +46,11 @@ CONTROLS = {"tp": choice([1, 2, 4]), "pp": choice([1, 2, 4]), "layers": choice([
             "ffn": choice([256, 384, 512]), "vocab": choice([256, 512, 1024])}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"tp": [1, 2, 4], "pp": [1, 2, 4], "layers": [4, 8, 16]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every TP and PP
+# together; every value of the model's shapes one at a time.
+WEB = {"tp": [1, 2, 4], "pp": [1, 2, 4]}
+ALONE = {name: list(CONTROLS[name].values)
+         for name in ("layers", "dim", "heads", "kv_heads", "ffn", "vocab")}
 
 
 def explore(**defaults):

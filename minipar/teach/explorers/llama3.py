@@ -61,9 +61,10 @@ CONTROLS = {"tp": powers(0, 4), "cp": powers(0, 5), "pp": powers(0, 6), "dp": po
             "pod_size": choice([1024, 2048, 3072, 4096], "pod GPUs")}
 
 
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built); the other controls stay at DEFAULTS.
-WEB = {"cp": [1, 2, 4, 8, 16, 32], "tp": [2, 4, 8], "pp": [8, 16]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every CP degree
+# (the long-context stage's axis); every value of the other controls one at a time.
+WEB = {"cp": list(CONTROLS["cp"].values)}
+ALONE = {name: list(CONTROLS[name].values) for name in ("tp", "pp", "dp", "seq_len", "pod_size")}
 
 
 def explore(**defaults):

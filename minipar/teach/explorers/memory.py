@@ -9,12 +9,14 @@ gradients), `explore` the sliders of the notebook.
 """
 from __future__ import annotations
 
-from ..widgets import FIT_DEFAULTS, fit_figure, will_it_fit
+from ..widgets import FIT_CONTROLS, FIT_DEFAULTS, fit_figure, will_it_fit
 
 DEFAULTS = dict(FIT_DEFAULTS)
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built; the controls are teach.widgets.FIT_CONTROLS); the others stay at DEFAULTS.
-WEB = {"pp": [4, 8, 16], "zero": [0, 1, 2, 3], "recompute": ["none", "selective", "full"]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time; the controls are
+# teach.widgets.FIT_CONTROLS): every ZeRO stage, each with every value of the other
+# controls one at a time (recomputation, the layout, the model, the precision).
+WEB = {"zero": [0, 1, 2, 3]}
+ALONE = {name: list(control.values) for name, control in FIT_CONTROLS.items() if name not in WEB}
 
 
 def figure(**values):

@@ -8,12 +8,23 @@ with; this module is the chapter's name for them.
 """
 from __future__ import annotations
 
-from ..widgets import WHATIF_DEFAULTS, whatif, whatif_figure
+from ..widgets import WHATIF_CONTROLS, WHATIF_DEFAULTS, whatif, whatif_estimate, whatif_figure
 
 DEFAULTS = dict(WHATIF_DEFAULTS)
-# The settings the HTML book offers (teach/web.py draws each combination when the book is
-# built; the controls are teach.widgets.WHATIF_CONTROLS); the others stay at DEFAULTS.
-WEB = {"tp": [1, 2, 4, 8, 16], "pp": [8, 16], "schedule": ["1f1b", "interleaved", "zb"]}
+# The settings the HTML book offers (teach/web.py draws each ahead of time; the controls are
+# teach.widgets.WHATIF_CONTROLS): every schedule; every value of the other controls one at
+# a time.
+WEB = {"schedule": list(WHATIF_CONTROLS["schedule"].values)}
+ALONE = {name: list(control.values) for name, control in WHATIF_CONTROLS.items() if name not in WEB}
+
+
+def same_picture(values: dict) -> dict:
+    """A setting that draws the same picture (teach.web draws it once): a layout that runs
+    without the interleaved schedule has no chunks v (one that cannot run names fixes, and
+    "schedule = interleaved" may depend on v)."""
+    if values["schedule"] != "interleaved" and whatif_estimate(**values)[0] is not None:
+        return {**values, "virtual_stages": DEFAULTS["virtual_stages"]}
+    return values
 
 
 def figure(**layout):

@@ -31,8 +31,12 @@ def chunks(kw: dict) -> int:
 
 def same_picture(kw: dict) -> dict:
     """A setting that draws the same picture (teach.web draws it once): v only matters to
-    the interleaved schedule."""
-    return {**kw, "v": chunks(kw)}
+    the interleaved schedule, and the times not at all to a schedule that cannot run (its
+    picture is the rules it breaks and their fixes)."""
+    kw = {**kw, "v": chunks(kw)}
+    if problems_of(kw):
+        kw.update({name: DEFAULTS[name] for name in ("t_f", "t_b", "t_w", "t_comm")})
+    return kw
 
 
 def problems_of(kw: dict) -> list[str]:

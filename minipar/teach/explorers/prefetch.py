@@ -7,7 +7,8 @@ for one being computed, or computes it next; `warm(keys)` queues the settings on
 move away, so that the reader's next move finds its result ready. One worker, so a
 speculative computation never runs beside the one the reader waits for (on a 2-core machine
 two would slow each other); queued guesses the reader moved away from are dropped. The
-thread is a daemon: a kernel that shuts down does not wait for guesses.
+thread starts with the first request, not at import, and is a daemon: a kernel that shuts
+down does not wait for guesses.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Prefetcher:
         self._futures: dict[tuple, Future] = {}
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
-        threading.Thread(target=self._work, name="minipar-prefetch", daemon=True).start()
+        self._worker: threading.Thread | None = None
 
     def _work(self):
         while True:
@@ -42,6 +43,9 @@ class Prefetcher:
             if future is None or future.cancelled():
                 future = self._futures[key] = Future()
                 self._queue.put((key, future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="minipar-prefetch", daemon=True)
+                self._worker.start()
             return future
 
     def _drop_guesses(self):

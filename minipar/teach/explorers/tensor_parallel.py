@@ -84,10 +84,14 @@ CONTROLS = {"t": steps(TPS), "link_GBps": steps(LINKS, "link GB/s"),
             "tflops": slider(100.0, 900.0, 10.0, "TFLOP/s")}
 
 
-# The settings the HTML book offers (teach/web.py draws each ahead of time): every t and
-# model; the sequence and every link of the data sheets one at a time.
-WEB = {"t": list(TPS), "model": ["llama3-405b", "llama3-70b", "llama3-8b"]}
-ALONE = {"seq_len": [8192, 131072], "link_GBps": list(LINKS)}
+# The settings the HTML book offers (teach/web.py draws each ahead of time): every t, each
+# with every model, every link of the data sheets, every sequence, and the sliders' ends,
+# defaults and values between, one at a time.
+WEB = {"t": list(TPS)}
+ALONE = {"model": list(CONTROLS["model"].values), "seq_len": list(CONTROLS["seq_len"].values),
+         "link_GBps": list(LINKS),
+         "microbatch": sorted({1, 2, DEFAULTS["microbatch"], 4, 8}),
+         "tflops": sorted({100.0, 200.0, DEFAULTS["tflops"], 600.0, 900.0})}
 
 
 def explore(**defaults):

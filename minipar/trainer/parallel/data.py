@@ -95,7 +95,7 @@ class DataParallel:
     """
 
     # every rank of the group holds whole parameters and whole, equal gradients
-    holds_replicas = True
+    holds_replicas, bucket_type = True, Bucket
 
     def __init__(self, modules: list[nn.Module], axis: comm.Axis, bucket_mb: float = 25.0,
                  axis_of=None):
@@ -119,17 +119,13 @@ class DataParallel:
         # buckets never span two modules (pipeline chunks): each chunk's last backward
         # comes at its own time, and a bucket must be complete when it is launched; nor two
         # groups (experts' and the rest's), which reduce over different ranks
-        return [self._bucket(group, axis) for m in modules for axis, params in self._by_axis(m)
+        return [self.bucket_type(group, axis) for m in modules for axis, params in self._by_axis(m)
                 for group in make_buckets(params, bucket_mb)]
 
     def _by_axis(self, module: nn.Module) -> list[tuple[comm.Axis, list[nn.Parameter]]]:
-        groups = {}
-        for p in (p for p in module.parameters() if p.requires_grad):
-            groups.setdefault(self.axis_of(p).name, (self.axis_of(p), []))[1].append(p)
-        return list(groups.values())
-
-    def _bucket(self, params: list[nn.Parameter], axis: comm.Axis) -> Bucket:
-        return Bucket(params, axis)
+        params = [p for p in module.parameters() if p.requires_grad]
+        axes = {self.axis_of(p).name: self.axis_of(p) for p in params}     # in order of use
+        return [(a, [p for p in params if self.axis_of(p) is a]) for a in axes.values()]
 
     # -- gradient synchronisation --------------------------------------------------------
     def start_step(self):

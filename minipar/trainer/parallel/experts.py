@@ -24,22 +24,13 @@ parallel group (`grid.edp`): their gradients are summed there, the others' over 
 load of the whole batch.
 """
 
-import math
-
 import torch
 import torch.nn as nn
 
-from ...plan.formulas.experts import all_to_all_wire_bytes
 from .. import comm
 from ..model import Experts, MoE
 from ..placement import place, placements
 from .tensor import shard_param
-
-
-def exchange(x: torch.Tensor, axis: comm.Axis, send: list[int], recv: list[int]) -> torch.Tensor:
-    """The uneven all-to-all: rows send[j] of x to position j, recv[j] rows from it."""
-    row = math.prod(x.shape[1:]) * x.element_size()
-    return comm.all_to_all_uneven(x, axis, send, recv, all_to_all_wire_bytes(send, axis.rank, row))
 
 
 class _AllToAll(torch.autograd.Function):
@@ -48,11 +39,11 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, axis, send, recv):
         ctx.axis, ctx.send, ctx.recv = axis, send, recv
-        return exchange(x, axis, send, recv)
+        return comm.all_to_all_uneven(x, axis, send, recv)
 
     @staticmethod
     def backward(ctx, g):
-        return exchange(g.contiguous(), ctx.axis, ctx.recv, ctx.send), None, None, None
+        return comm.all_to_all_uneven(g, ctx.axis, ctx.recv, ctx.send), None, None, None
 
 
 class ExpertParallel(Experts):
@@ -73,7 +64,7 @@ class ExpertParallel(Experts):
         # 1. count exchange: mine[j, e] copies go to rank j's expert e; theirs[j, e] come
         #    from rank j to my expert e
         mine = counts.view(n, -1)
-        theirs = exchange(mine.contiguous(), axis, [1] * n, [1] * n)
+        theirs = comm.all_to_all_uneven(mine, axis, [1] * n, [1] * n)
         send, recv = mine.sum(1).tolist(), theirs.sum(1).tolist()
         # 2. dispatch
         rows = _AllToAll.apply(x, axis, send, recv)
@@ -81,10 +72,8 @@ class ExpertParallel(Experts):
         local = torch.arange(mine.shape[1], device=x.device).repeat(n)
         order = local.repeat_interleave(theirs.flatten()).argsort(stable=True)
         out = super().forward(rows[order], theirs.sum(0))
-        back = torch.empty_like(order)
-        back[order] = torch.arange(order.numel(), device=order.device)
-        # 4. combine
-        return _AllToAll.apply(out[back], axis, recv, send)
+        # 4. combine: the outputs back in arrival order (the inverse permutation)
+        return _AllToAll.apply(out[order.argsort()], axis, recv, send)
 
 
 def apply_expert_parallel(model: nn.Module, axis: comm.Axis) -> nn.Module:
@@ -92,10 +81,6 @@ def apply_expert_parallel(model: nn.Module, axis: comm.Axis) -> nn.Module:
     for moe in (m for m in model.modules() if isinstance(m, MoE)):
         moe.experts = ExpertParallel(moe.experts, axis)
     return model
-
-
-def is_expert(p: nn.Parameter) -> bool:
-    return "ep" in placements(p)
 
 
 @torch.no_grad()
@@ -106,9 +91,7 @@ def balance_experts(chunks: list[nn.Module], axis: comm.Axis, rate: float):
     below the mean load, down above it (DeepSeek-V3's update). Integers, summed exactly: every
     layout moves the same bias."""
     layers = [m for c in chunks for m in c.modules() if isinstance(m, MoE)]
-    if not layers:
-        return
-    if rate:
+    if rate and layers:
         load = comm.all_reduce(torch.stack([m.load for m in layers]), axis).double()
         for m, n in zip(layers, load):
             m.expert_bias += rate * torch.sign(n.mean() - n).to(m.expert_bias.dtype)

@@ -250,13 +250,6 @@ def entered(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
     return module
 
 
-def router(module: nn.Linear, axis: comm.Axis, sp: bool) -> nn.Linear:
-    """The router's weight is whole on every rank, which routes alike; its gradient comes
-    through the experts' partial outputs, so it is a partial sum: Partial()."""
-    place(module.weight, axis.name, Partial())
-    return module
-
-
 def experts(module: nn.Module, axis: comm.Axis, sp: bool) -> nn.Module:
     """Each expert split like the MLP: gate and up by output rows, down by input columns."""
     for name, dim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
@@ -272,7 +265,9 @@ STYLES = {
     "colwise": lambda m, axis, sp: ColumnParallelLinear(m, axis),
     "rowwise": RowParallelLinear,
     "head": lambda m, axis, sp: entered(ColumnParallelLinear(m, axis), axis, sp),
-    "router": router,
+    # the router is whole on every rank, which routes alike; its gradient comes through the
+    # experts' partial outputs, so it is a partial sum: Partial(), as a norm's under SP
+    "router": lambda m, axis, sp: replicated(m, axis, sp=True),
     "experts": experts,
     # row-parallel without its own sum: the MoE block sums once (`entered`)
     "row_partial": lambda m, axis, sp: ColumnParallelLinear(m, axis, dim=1),

@@ -94,10 +94,7 @@ class ShardedBucket:
 class ZeRO1(DataParallel):
     """Optimizer state sharded: the optimizer updates only this rank's pieces."""
 
-    holds_replicas = False
-
-    def _bucket(self, params: list[nn.Parameter], axis: comm.Axis) -> ShardedBucket:
-        return ShardedBucket(params, axis)
+    holds_replicas, bucket_type = False, ShardedBucket
 
     def _launch(self, b: ShardedBucket):
         grads = [p.grad if p.grad is not None else torch.zeros(s, dtype=p.dtype, device=p.device)
@@ -211,7 +208,7 @@ class ZeRO3(ZeRO2):
             for u in zero3_units([m]):
                 mine = [p for p in u.parameters() if id(p) not in seen]
                 seen.update(map(id, mine))
-                chunk += [self._bucket(mine, self.axis)] if mine else []
+                chunk += [self.bucket_type(mine, self.axis)] if mine else []
             for a, b in zip(chunk, chunk[1:]):
                 a.next, b.prev = b, a
             buckets += chunk
