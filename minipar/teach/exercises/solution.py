@@ -1,11 +1,11 @@
 """`%%solution`: a worked solution that proves itself without giving itself away.
 
-Each exercise in a notebook is followed by its worked solution, folded. A folded cell still
-shows its first line, and a solution cell that ran shows its output: if that line were the
-solution's idea, or the output its number ("Correct! ... 1.88 GB"), the fold would hide
-nothing, and Run All would print it under the reader's own "Not quite". Run All would also
-replace the reader's `prediction` or `dp_group` with the solution's. So a solution cell
-starts with `%%solution`, which
+Every chapter's notebook uses it: each exercise is followed by its worked solution, folded.
+A folded cell still shows its first line, and a solution cell that ran shows its output: if
+that line were the solution's idea, or the output its number ("Correct! ... 1.88 GB"), the
+fold would hide nothing, and Run All would print it under the reader's own "Not quite". Run
+All would also replace the reader's `prediction` or `dp_group` with the solution's. So a
+solution cell starts with `%%solution`, which
 
 - runs the cell in a copy of the reader's namespace: what the solution assigns or defines
   stays in the copy, and the reader's answers stand (a shallow copy: an object the solution
