@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -374,3 +375,14 @@ def test_the_prefetcher_keeps_each_result_and_computes_it_once():
     assert sorted(calls) == [(1, 2), (3, 4), (5, 6)]         # kept: asked twice, computed once
     with pytest.raises(ValueError, match="negative"):
         plans.get((-1, 0))
+
+
+def test_the_prefetchers_guesses_run_in_their_own_process():
+    """A guess runs beside the kernel, not in its thread (which it would slow: the
+    interpreter's lock), and what it found is kept; what the reader asks for and nobody
+    guessed is computed in the caller."""
+    plans = Prefetcher(os.getpid)
+    plans.warm([()])
+    assert plans.get(()) != os.getpid()
+    assert plans.get(()) == plans.get(())                    # kept
+    assert Prefetcher(os.getpid).get(()) == os.getpid()
