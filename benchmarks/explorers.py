@@ -4,7 +4,7 @@ as a notebook shows it.
     python benchmarks/explorers.py [--only CHAPTER ...] [--all-values]
 
 Chapter "The explorers" (minipar.teach.explorers). What is timed is what the widgets do when
-a control moves: the draw function that `explore()` hands to `widgets.explorer`, the PNG the
+a control moves: the draw function that `explore()` hands to `widgets.explorer`, the SVG the
 notebook's inline backend makes of its figure (`print_figure`, `bbox_inches="tight"`), then
 the explorer's `shown` (the 4D planner's queues the plans one move away). Every move runs in
 a process of its own, forked from one that has imported everything and drawn nothing: it
@@ -14,7 +14,7 @@ last value, a dropdown to each (with --all-values, every control to each), the 4
 also to the largest settings. Prefetching is off for these: a cold redraw is one that
 nothing planned ahead. The 4D explorer's last two rows time it on: a move that was planned
 ahead, and a slider jump two steps away made at once, while a guess is still being planned
-(the reader waits for it: one planning thread). Wall clock and the process's CPU time (its
+(the reader waits for it if it is the guess for that very setting). Wall clock and the process's CPU time (its
 threads too; on a machine shared with other work the steadier); the slowest cold redraw is
 printed last. Issue 42 asks for every redraw within 2 s on 2 cores. A benchmark, not a
 test: nothing here asserts a time.
@@ -47,7 +47,7 @@ AHEAD = {"fourd": (("gpus", 16384), ("gpus", 2048))}
 def live_draw(chapter: str):
     """(redraw, start values): what the explorer's widgets do when a control moves, as
     `explore()` hands it to `widgets.explorer` (caught instead of building the widgets):
-    draw the figure, show it (the PNG the notebook displays), then `shown`, if any."""
+    draw the figure, show it (the SVG the notebook displays), then `shown`, if any."""
     module, caught = web.explorer(chapter), {}
 
     def catch(controls, draw, values, split, shown=None):
@@ -59,7 +59,7 @@ def live_draw(chapter: str):
 
     def redraw(**values):
         fig = caught["draw"](**values)
-        print_figure(fig, "png", bbox_inches="tight")
+        print_figure(fig, "svg", bbox_inches="tight")
         plt.close(fig)
         if caught["shown"]:
             caught["shown"](**values)

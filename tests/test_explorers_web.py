@@ -381,8 +381,13 @@ def test_the_prefetchers_guesses_run_in_their_own_process():
     """A guess runs beside the kernel, not in its thread (which it would slow: the
     interpreter's lock), and what it found is kept; what the reader asks for and nobody
     guessed is computed in the caller."""
-    plans = Prefetcher(os.getpid)
-    plans.warm([()])
-    assert plans.get(()) != os.getpid()
-    assert plans.get(()) == plans.get(())                    # kept
-    assert Prefetcher(os.getpid).get(()) == os.getpid()
+    # In a process of its own: a spawned worker starts multiprocessing's resource tracker,
+    # which would outlive this test in pytest's process group (the signal tests' target).
+    code = ("import os\n"
+            "from minipar.teach.explorers.prefetch import Prefetcher\n"
+            "plans = Prefetcher(os.getpid)\n"
+            "plans.warm([()])\n"
+            "assert plans.get(()) != os.getpid()\n"
+            "assert plans.get(()) == plans.get(())\n"                 # kept
+            "assert Prefetcher(os.getpid).get(()) == os.getpid()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO_ROOT)

@@ -113,8 +113,9 @@ def _svg(fig, dpi: float) -> str:
     """`fig` as SVG text, text kept as text, no date and fixed ids (the same figure gives the
     same file); `dpi` is the resolution of the parts drawn as a picture, if any."""
     import matplotlib
+    from minipar.teach.style import SVG_RC
     out = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "minipar"}):
+    with matplotlib.rc_context(SVG_RC):
         fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None}, dpi=dpi)
     return out.getvalue()
 

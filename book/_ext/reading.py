@@ -39,7 +39,8 @@ HAND_NUMBER = re.compile(r"^\d+\.\s+")
 
 # The smallest text a figure may show, in CSS px, on any screen (`make test-html` checks it).
 MIN_TEXT_PX = 9
-SVG_WIDTH = re.compile(r'<svg\b[^>]*?\bwidth="([\d.]+)px"')
+SVG_WIDTH = re.compile(r'<svg\b[^>]*?\bwidth="([\d.]+)(px|pt)"')   # a notebook's SVG: pt
+CSS_PX = {"px": 1.0, "pt": 4 / 3}
 SVG_VIEWBOX = re.compile(r'<svg\b[^>]*?\bviewBox="[-\d.]+ [-\d.]+ ([\d.]+) [\d.]+"')
 FONT_SIZE = re.compile(r'font(?:-size)?:[^;"]*?([\d.]+)px')
 
@@ -106,7 +107,7 @@ def legible_width(svg: str) -> float | None:
     sizes = [float(size) for size in FONT_SIZE.findall(svg)]
     if not (width and box and sizes):
         return None
-    return min(float(width[1]), MIN_TEXT_PX * float(box[1]) / min(sizes))
+    return min(float(width[1]) * CSS_PX[width[2]], MIN_TEXT_PX * float(box[1]) / min(sizes))
 
 
 def _breakable(match: re.Match) -> str:

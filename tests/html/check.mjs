@@ -133,7 +133,8 @@ function inspectPage() {
     // device pixels of the file per device pixel of the screen (a raster's sharpness)
     sharpness: img.getBoundingClientRect().width > 0
       ? img.naturalWidth / (img.getBoundingClientRect().width * devicePixelRatio) : 0,
-    figure: Boolean(img.closest("figure.mpfig")),
+    // a figure of the book, or a picture a notebook drew (both SVG, text as text)
+    figure: Boolean(img.closest("figure.mpfig, .cell_output")),
   }));
   // Every code and output block, folded ones opened: none may scroll sideways.
   const folded = Array.from(document.querySelectorAll("details:not([open])"));

@@ -42,6 +42,15 @@ def test_legible_width_is_the_figures_smallest_text_at_9_px(tmp_path):
     assert reading.legible_width("<svg></svg>") is None
 
 
+def test_a_notebooks_svg_in_points_is_read_in_css_px():
+    """The inline backend's SVG says its size in pt (1 pt = 4/3 CSS px): 10 px text in a
+    300-unit box, 300 pt wide (400 px) is legible from 270 px."""
+    svg = ('<svg width="300pt" height="100pt" viewBox="0 0 300 100">'
+           '<text style="font: 10px \'DejaVu Sans\'">a</text></svg>')
+    assert reading.legible_width(svg) == pytest.approx(270)
+    assert reading.legible_width(svg.replace("10px", "1px")) == pytest.approx(400)   # at most its own
+
+
 def test_inline_code_breaks_after_dots_and_copies_the_same():
     code = '<span class="pre">formulas.tensor_parallel.collective_matmul_bytes</span>'
     broken = reading.INLINE_CODE.sub(reading._breakable, code)

@@ -119,6 +119,6 @@ ALONE = {name: list(offered(CONTROLS[name]))
 def explore(**defaults):
     """Controls for the model, the GPU, the number of GPUs, the sequence, the batch, overlap;
     once each redraw is shown the plans one move away are computed in the background (not
-    before: a guess planned beside the PNG being drawn slows the picture the reader waits for)."""
+    before: a guess planned beside the picture being drawn slows the one the reader waits for)."""
     return explorer(CONTROLS, figure, {**DEFAULTS, **defaults}, split=3,
                     shown=lambda **values: PLANS.warm(neighbours(values)))

@@ -16,6 +16,7 @@ take both cores. `compute` must be a module-level function (the process imports 
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -66,7 +67,10 @@ class Prefetcher:
                     self._kept[key] = future.result()
 
     def _worker(self) -> ProcessPoolExecutor:
-        # spawn, not fork: the kernel has threads of its own, which a fork would copy mid-lock
+        # spawn, not fork: the kernel has threads of its own, which a fork would copy mid-lock;
+        # the worker ignores Ctrl-C, which JupyterLab's interrupt sends the kernel's whole group
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=signal.signal,
+                                             initargs=(signal.SIGINT, signal.SIG_IGN))
         return self._pool

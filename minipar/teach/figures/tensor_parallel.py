@@ -111,7 +111,7 @@ def plot_collective_matmul(t: int = 4, axes=None):
         ax.set_xticklabels([f"step {k}" for k in range(t)], fontsize=SMALL)
         ax.set_yticks(range(t))
         ax.set_yticklabels([f"rank {r}" for r in range(t)], fontsize=8)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)   # its subscripts at 7 pt: 9 px in a notebook
     axes[0].figure.suptitle(f"collective matmul over t = {t} ranks: box = the matmul of a step "
                             f"(colour = sequence chunk),\narrow = the chunk in flight meanwhile",
                             fontsize=9)
