@@ -275,10 +275,14 @@ def test_chapter_has_an_explorer(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_explorer_builds_its_controls_and_redraws(chapter):
+def test_explorer_builds_its_controls_and_redraws(chapter, monkeypatch):
     import importlib
 
     import matplotlib.pyplot as plt
+    from minipar.teach.explorers.prefetch import Prefetcher
+    # no guesses: their worker process would outlive the test in pytest's own (and plan
+    # for seconds meanwhile); tests/test_explorers_web.py tests the prefetcher
+    monkeypatch.setattr(Prefetcher, "warm", lambda self, keys: None)
     explore = importlib.import_module(f"minipar.teach.explorers.{chapter}").explore
     columns = explore().children[0].children          # two columns of controls, then the figure
     controls = [c for column in columns for c in column.children]
