@@ -43,17 +43,16 @@ def layers_recomputed(pc: ParallelConfig, work: Workload) -> int | None:
 def memory_of_rank(model: ModelConfig, pc: ParallelConfig, work: Workload,
                    precision: Precision, stage: int) -> dict[str, float]:
     """Bytes pipeline rank `stage` holds (`memory.memory_of_rank`)."""
-    return memory.memory_of_rank(model, run_layout(pc, work), precision, work.seq_len,
-                                 work.microbatch_size, stage, layers_recomputed(pc, work),
-                                 expert_load(model, pc, work))
+    return ranks_memory(model, pc, work, precision, [stage])[0]
 
 
 def ranks_memory(model: ModelConfig, pc: ParallelConfig, work: Workload,
-                 precision: Precision = BF16_MIXED) -> list[dict[str, float]]:
-    """`memory_of_rank` of every pipeline rank, the layout as it runs built once for all."""
+                 precision: Precision = BF16_MIXED, stages=None) -> list[dict[str, float]]:
+    """`memory_of_rank` of pipeline ranks `stages` (every one by default), the layout as it
+    runs built once for all of them."""
     run, recomputed, load = run_layout(pc, work), layers_recomputed(pc, work), expert_load(model, pc, work)
     return [memory.memory_of_rank(model, run, precision, work.seq_len, work.microbatch_size, r,
-                                  recomputed, load) for r in range(pc.pp)]
+                                  recomputed, load) for r in (range(pc.pp) if stages is None else stages)]
 
 
 def fullest_stage(model: ModelConfig, pc: ParallelConfig, work: Workload,
